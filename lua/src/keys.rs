@@ -1,0 +1,133 @@
+//! Key and channel names. Every key of one activity shard shares the hash tag
+//! `{a:i}`, so a shard is one Redis Cluster slot and one Lua call can touch all of it.
+//! Activity-wide keys use the tag `{a}`.
+
+use crate::{ActivityId, ItemId, Shard};
+
+/// Hash tag of one activity shard: `{a:i}`.
+pub fn shard_tag(a: ActivityId, i: Shard) -> String {
+    format!("{{{a}:{i}}}")
+}
+
+/// `sk:{a:i}:stock:<s>`: units of item `s` left in shard `i` (string int).
+pub fn stock(a: ActivityId, i: Shard, s: ItemId) -> String {
+    format!("sk:{{{a}:{i}}}:stock:{s}")
+}
+
+/// `sk:{a:i}:buyers:<s>`: hash uid → `"<reservation id>|<request id>"` for users whose
+/// home shard is `i`.
+pub fn buyers(a: ActivityId, i: Shard, s: ItemId) -> String {
+    format!("sk:{{{a}:{i}}}:buyers:{s}")
+}
+
+/// `sk:{a:i}:orders`: stream of reservations waiting for orderd (one per shard).
+pub fn orders_stream(a: ActivityId, i: Shard) -> String {
+    format!("sk:{{{a}:{i}}}:orders")
+}
+
+/// `sk:{a:i}:fence`: the epoch of the shard's last warm-up or recompute. Its absence
+/// means Redis lost the shard's state; the scripts then refuse to reserve.
+pub fn fence(a: ActivityId, i: Shard) -> String {
+    format!("sk:{{{a}:{i}}}:fence")
+}
+
+/// `sk:{a:i}:seq`: sequence of reservation ids in the shard.
+pub fn seq(a: ActivityId, i: Shard) -> String {
+    format!("sk:{{{a}:{i}}}:seq")
+}
+
+/// `sk:{a}:meta`: hash describing a published activity (fields in [`meta`]).
+pub fn meta(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:meta")
+}
+
+/// `sk:{a}:soldout:<s>`: set while every shard of item `s` is empty.
+pub fn sold_out(a: ActivityId, s: ItemId) -> String {
+    format!("sk:{{{a}}}:soldout:{s}")
+}
+
+/// Channel announcing sold-out changes; message format in [`crate::messages::SoldOut`].
+pub const SOLD_OUT_CHANNEL: &str = "sk:soldout";
+
+/// Set of published activity ids (decimal strings): how the gateway and orderd find
+/// activities and streams.
+pub const ACTIVITIES: &str = "sk:activities";
+/// Channel on which stockd announces a published or changed activity (payload: id).
+pub const ACTIVITIES_CHANNEL: &str = "sk:activities";
+
+/// Hash of banned IPs or CIDRs → `"<expires unix ms, 0 = never>|<reason>"`, shared by
+/// every edge.
+pub const BANS: &str = "sk:bans";
+/// Channel announcing ban changes; message format in [`crate::messages::BanChange`].
+pub const BANS_CHANNEL: &str = "sk:bans";
+
+/// Field names of the [`meta`] hash.
+pub mod meta {
+    /// Activity title.
+    pub const TITLE: &str = "title";
+    /// Window start, unix ms.
+    pub const START_MS: &str = "start_ms";
+    /// Window end, unix ms.
+    pub const END_MS: &str = "end_ms";
+    /// Shard count.
+    pub const SHARDS: &str = "shards";
+    /// Item ids, comma-separated.
+    pub const ITEMS: &str = "items";
+    /// Activity version (bumped on every change).
+    pub const VERSION: &str = "version";
+    /// Prefix of per-item fields: `stock:<s>` total units, `title:<s>`, `price:<s>`
+    /// (sale price, cents).
+    pub const ITEM_STOCK: &str = "stock:";
+    pub const ITEM_TITLE: &str = "title:";
+    pub const ITEM_PRICE: &str = "price:";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes: the text between the first `{` and the
+    /// next `}`, when non-empty (cluster spec, "hash tags").
+    fn hashed_part(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn all_keys_of_one_shard_share_one_hash_tag() {
+        for (a, i, s) in [(1, 0, 7), (42, 7, 9_000_000_001), (u64::MAX, 1023, 1)] {
+            let tag = hashed_part(&stock(a, i, s)).to_string();
+            assert_eq!(tag, format!("{a}:{i}"));
+            for key in [
+                buyers(a, i, s),
+                orders_stream(a, i),
+                fence(a, i),
+                seq(a, i),
+                stock(a, i, s + 1),
+            ] {
+                assert_eq!(hashed_part(&key), tag, "{key}");
+            }
+            assert_eq!(shard_tag(a, i), format!("{{{tag}}}"));
+        }
+    }
+
+    #[test]
+    fn shards_of_one_item_use_different_tags() {
+        let tags: std::collections::HashSet<String> = (0..8)
+            .map(|i| hashed_part(&stock(5, i, 1)).to_string())
+            .collect();
+        assert_eq!(tags.len(), 8);
+    }
+
+    #[test]
+    fn activity_wide_keys_share_the_activity_tag() {
+        assert_eq!(hashed_part(&meta(9)), "9");
+        assert_eq!(hashed_part(&sold_out(9, 3)), "9");
+    }
+}

@@ -1,0 +1,75 @@
+//! The Lua scripts, embedded at build time. Callers load them once (`SCRIPT LOAD` on
+//! every primary) and call them by SHA (`EVALSHA`), loading again on `NOSCRIPT`.
+
+/// One embedded script.
+#[derive(Debug, Clone, Copy)]
+pub struct Script {
+    pub name: &'static str,
+    pub body: &'static str,
+}
+
+impl Script {
+    /// Lower-case hex SHA1 of the body: the name Redis knows the script by.
+    pub fn sha1(&self) -> String {
+        sha1_smol::Sha1::from(self.body).digest().to_string()
+    }
+}
+
+/// Reserve a unit: see `scripts/reserve.lua`.
+pub const RESERVE: Script = Script {
+    name: "reserve",
+    body: include_str!("../scripts/reserve.lua"),
+};
+/// Release a unit: see `scripts/release.lua`.
+pub const RELEASE: Script = Script {
+    name: "release",
+    body: include_str!("../scripts/release.lua"),
+};
+/// Rebalancing, donor side: see `scripts/take.lua`.
+pub const TAKE: Script = Script {
+    name: "take",
+    body: include_str!("../scripts/take.lua"),
+};
+/// Rebalancing, receiving side: see `scripts/give.lua`.
+pub const GIVE: Script = Script {
+    name: "give",
+    body: include_str!("../scripts/give.lua"),
+};
+/// Warm or recompute a shard: see `scripts/warm.lua`.
+pub const WARM: Script = Script {
+    name: "warm",
+    body: include_str!("../scripts/warm.lua"),
+};
+
+/// Every script, for loading at start-up.
+pub const ALL: [Script; 5] = [RESERVE, RELEASE, TAKE, GIVE, WARM];
+
+/// Outcomes the reserve script returns as its first element.
+pub mod reserve_outcome {
+    pub const RESERVED: &str = "RESERVED";
+    pub const RETRY: &str = "RETRY";
+    pub const DUPLICATE: &str = "DUPLICATE";
+    pub const SOLD_OUT: &str = "SOLD_OUT";
+    pub const LOST: &str = "LOST";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_is_embedded_with_a_distinct_sha() {
+        let shas: std::collections::HashSet<String> = ALL.iter().map(|s| s.sha1()).collect();
+        assert_eq!(shas.len(), ALL.len());
+        for s in ALL {
+            assert!(s.body.contains("redis.call"), "{}", s.name);
+            assert_eq!(s.sha1().len(), 40);
+        }
+        // SHA1 of the empty string, to pin the hex format Redis uses.
+        let empty = Script {
+            name: "e",
+            body: "",
+        };
+        assert_eq!(empty.sha1(), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    }
+}

@@ -1,0 +1,330 @@
+//! Config files: TOML, then environment overrides, then validation, on every load.
+//!
+//! Every daemon's config is a serde struct with `#[serde(deny_unknown_fields)]` (a
+//! misspelt key is an error, not a silent default) that implements [`Validate`].
+//! [`load`] reads the file, applies overrides from variables named
+//! `{PREFIX}__{SECTION}__{FIELD}` (for example `STOCKD__REDIS__TIMEOUT_MS=500`;
+//! the value is read as a TOML value, and as a plain string when it is not one),
+//! deserializes, validates, and reports the first problem as one line:
+//! `{file}: {field}: {problem}`.
+
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+
+/// Checks that go beyond types: ranges, relations between fields, non-empty secrets.
+pub trait Validate {
+    /// The first problem found, naming the field by its dotted path.
+    fn validate(&self) -> Result<(), FieldError>;
+}
+
+/// A problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path, for example `redis.nodes`.
+    pub field: String,
+    pub problem: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+/// Fails with `field` when `cond` does not hold. Keeps `validate()` bodies flat.
+pub fn ensure(cond: bool, field: &str, problem: impl Into<String>) -> Result<(), FieldError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(FieldError::new(field, problem))
+    }
+}
+
+/// Fails with `field` unless `value` is `host:port` (a non-empty host and a port number).
+pub fn ensure_host_port(value: &str, field: &str) -> Result<(), FieldError> {
+    ensure(is_host_port(value), field, "must be host:port")
+}
+
+/// Fails with `field` unless `nodes` names at least one node and each is `host:port`.
+pub fn ensure_nodes(nodes: &[String], field: &str) -> Result<(), FieldError> {
+    ensure(!nodes.is_empty(), field, "must name at least one node")?;
+    for n in nodes {
+        ensure(is_host_port(n), field, format!("`{n}` is not host:port"))?;
+    }
+    Ok(())
+}
+
+fn is_host_port(s: &str) -> bool {
+    s.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+/// Why a config could not be loaded. Displays as one line naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid TOML: {problem}")]
+    Syntax { path: String, problem: String },
+    #[error("{path}: environment variable {var}: {problem}")]
+    Env {
+        path: String,
+        var: String,
+        problem: String,
+    },
+    #[error("{path}: {field}: {problem}")]
+    Field {
+        path: String,
+        field: String,
+        problem: String,
+    },
+}
+
+/// Loads `path` with overrides from the process environment.
+pub fn load<T: DeserializeOwned + Validate>(
+    path: &Path,
+    env_prefix: &str,
+) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    load_str(
+        &text,
+        &path.display().to_string(),
+        env_prefix,
+        std::env::vars(),
+    )
+}
+
+/// Loads from text; `origin` names it in errors. `env` is the environment to read
+/// overrides from (a parameter so tests need not touch the process environment).
+pub fn load_str<T: DeserializeOwned + Validate>(
+    text: &str,
+    origin: &str,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<T, ConfigError> {
+    let path = origin.to_string();
+    let mut table: toml::Table =
+        text.parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                path: path.clone(),
+                problem: one_line(&e.to_string()),
+            })?;
+    apply_env(&mut table, &path, env_prefix, env)?;
+    let value: T = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let field = e.path().to_string();
+        let problem = one_line(&e.inner().to_string());
+        ConfigError::Field {
+            path: path.clone(),
+            field: if field == "." {
+                "(top level)".into()
+            } else {
+                field
+            },
+            problem,
+        }
+    })?;
+    value.validate().map_err(|e| ConfigError::Field {
+        path,
+        field: e.field,
+        problem: e.problem,
+    })?;
+    Ok(value)
+}
+
+/// Default config path of a daemon when `-c` is not given.
+pub fn default_path(daemon: &str) -> PathBuf {
+    PathBuf::from(format!("deploy/local/{daemon}.toml"))
+}
+
+fn apply_env(
+    table: &mut toml::Table,
+    path: &str,
+    prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(), ConfigError> {
+    let lead = format!("{prefix}__");
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(&lead))
+        .collect();
+    vars.sort();
+    for (var, raw) in vars {
+        let keys: Vec<String> = var[lead.len()..]
+            .split("__")
+            .map(|k| k.to_ascii_lowercase())
+            .collect();
+        if keys.iter().any(|k| k.is_empty()) {
+            return Err(ConfigError::Env {
+                path: path.into(),
+                var,
+                problem: "empty key segment".into(),
+            });
+        }
+        let value = parse_env_value(&raw);
+        let mut cursor = &mut *table;
+        for key in &keys[..keys.len() - 1] {
+            let entry = cursor
+                .entry(key.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            cursor = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::Env {
+                        path: path.into(),
+                        var,
+                        problem: format!("`{key}` is not a section"),
+                    })
+                }
+            };
+        }
+        cursor.insert(keys[keys.len() - 1].clone(), value);
+    }
+    Ok(())
+}
+
+fn parse_env_value(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Conf {
+        name: String,
+        #[serde(default)]
+        redis: Redis,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Redis {
+        #[serde(default)]
+        timeout_ms: u64,
+        #[serde(default)]
+        nodes: Vec<String>,
+    }
+
+    impl Validate for Conf {
+        fn validate(&self) -> Result<(), FieldError> {
+            ensure(!self.name.is_empty(), "name", "must not be empty")?;
+            ensure(
+                self.redis.timeout_ms <= 10_000,
+                "redis.timeout_ms",
+                "must be at most 10000",
+            )
+        }
+    }
+
+    fn load_conf(text: &str, env: &[(&str, &str)]) -> Result<Conf, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        load_str(text, "x.toml", "APP", env)
+    }
+
+    #[test]
+    fn addresses_must_be_host_and_port() {
+        assert!(ensure_host_port("127.0.0.1:50051", "grpc.listen").is_ok());
+        for bad in ["", "127.0.0.1", ":80", "host:port", "h:70000"] {
+            assert_eq!(
+                ensure_host_port(bad, "grpc.listen").unwrap_err().field,
+                "grpc.listen"
+            );
+        }
+        assert!(ensure_nodes(&["a:1".into(), "b:2".into()], "redis.nodes").is_ok());
+        assert_eq!(
+            ensure_nodes(&[], "redis.nodes").unwrap_err().problem,
+            "must name at least one node"
+        );
+        assert_eq!(
+            ensure_nodes(&["a:1".into(), "b".into()], "redis.nodes")
+                .unwrap_err()
+                .problem,
+            "`b` is not host:port"
+        );
+    }
+
+    #[test]
+    fn a_good_file_loads() {
+        let c = load_conf("name = \"a\"\n[redis]\ntimeout_ms = 5\n", &[]).unwrap();
+        assert_eq!(c.redis.timeout_ms, 5);
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error_naming_the_key() {
+        let e = load_conf("name = \"a\"\n[redis]\ntimeout = 5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("x.toml: redis"), "{e}");
+        assert!(e.contains("unknown field `timeout`"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_field() {
+        let e = load_conf("name = \"a\"\n[redis]\ntimeout_ms = \"soon\"\n", &[]).unwrap_err();
+        assert!(
+            e.to_string().starts_with("x.toml: redis.timeout_ms:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let e = load_conf("name = \"\"\n", &[]).unwrap_err();
+        assert_eq!(e.to_string(), "x.toml: name: must not be empty");
+    }
+
+    #[test]
+    fn bad_syntax_is_one_line_naming_the_file() {
+        let e = load_conf("name = \n", &[]).unwrap_err().to_string();
+        assert!(e.starts_with("x.toml: not valid TOML"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_is_validated_too() {
+        let c = load_conf(
+            "name = \"a\"\n",
+            &[
+                ("APP__REDIS__TIMEOUT_MS", "7"),
+                ("APP__REDIS__NODES", "[\"h:1\"]"),
+                ("OTHER", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.redis.timeout_ms, 7);
+        assert_eq!(c.redis.nodes, vec!["h:1"]);
+        let e = load_conf("name = \"a\"\n", &[("APP__REDIS__TIMEOUT_MS", "70000")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "x.toml: redis.timeout_ms: must be at most 10000"
+        );
+        let c = load_conf("name = \"a\"\n", &[("APP__NAME", "plain words")]).unwrap();
+        assert_eq!(c.name, "plain words");
+    }
+}

@@ -1,0 +1,123 @@
+//! The start-up every gRPC daemon shares, so `stockd` and `orderd` have the same flags
+//! and the same behaviour on a bad config: `-c PATH`, `-t` (validate and exit before
+//! touching any socket, Redis or MySQL), `--migrate` (apply the MySQL schema, then
+//! serve); a config error is one line on stderr and a non-zero exit; then tracing, the
+//! runtime, the gRPC and admin listeners, and the daemon's `run` until SIGINT/SIGTERM.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser};
+use tokio::net::TcpListener;
+
+use crate::config::ConfigError;
+use crate::shutdown::Shutdown;
+
+#[derive(Debug, Parser)]
+struct Flags {
+    /// Config file (TOML).
+    #[arg(short = 'c', long = "config")]
+    config: Option<PathBuf>,
+    /// Validate the config (file and environment overrides) and exit: 0 when valid.
+    #[arg(short = 't', long = "test")]
+    test: bool,
+    /// Apply the MySQL migrations (idempotent) before serving.
+    #[arg(long)]
+    migrate: bool,
+}
+
+/// What the shared start-up needs to know of a daemon's config.
+#[derive(Debug)]
+pub struct Endpoints<'a> {
+    /// gRPC listen address.
+    pub grpc: &'a str,
+    /// Loopback admin (metrics) listen address, if any.
+    pub admin: Option<&'a str>,
+    /// MySQL URL, for `--migrate`.
+    pub mysql_url: &'a str,
+    /// JSON log lines instead of text.
+    pub json_logs: bool,
+}
+
+/// Runs a daemon: `name` is its binary name (flags' help, default config
+/// `deploy/local/<name>.toml`, error prefix), `about` its one-line description.
+pub fn main<C, Fut>(
+    name: &'static str,
+    about: &'static str,
+    load: impl FnOnce(&Path) -> Result<C, ConfigError>,
+    endpoints: impl Fn(&C) -> Endpoints<'_>,
+    run: impl FnOnce(C, TcpListener, Option<TcpListener>, Shutdown) -> Fut,
+) -> ExitCode
+where
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let command = Flags::command()
+        .name(name)
+        .about(about)
+        .version(env!("CARGO_PKG_VERSION"));
+    let flags = match Flags::from_arg_matches(&command.get_matches()) {
+        Ok(f) => f,
+        Err(e) => e.exit(),
+    };
+    let path = flags
+        .config
+        .unwrap_or_else(|| crate::config::default_path(name));
+    let config = match load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if flags.test {
+        println!("{}: ok", path.display());
+        return ExitCode::SUCCESS;
+    }
+    crate::telemetry::init(endpoints(&config).json_logs);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let served = rt.block_on(async {
+        let ends = endpoints(&config);
+        if flags.migrate {
+            migrate(ends.mysql_url).await?;
+        }
+        let grpc = TcpListener::bind(ends.grpc)
+            .await
+            .with_context(|| format!("bind grpc.listen {}", ends.grpc))?;
+        let admin = match ends.admin {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("bind admin.listen {addr}"))?,
+            ),
+            None => None,
+        };
+        tracing::info!(grpc = ends.grpc, admin = ?ends.admin, "{name} listening");
+        run(config, grpc, admin, Shutdown::on_signals()).await
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("{name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn migrate(url: &str) -> anyhow::Result<()> {
+    let pool = sqlx::MySqlPool::connect(url)
+        .await
+        .context("mysql (for --migrate)")?;
+    crate::migrator().run(&pool).await.context("migrations")?;
+    pool.close().await;
+    tracing::info!("migrations applied");
+    Ok(())
+}
