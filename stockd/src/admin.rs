@@ -1,0 +1,402 @@
+//! AdminService logic: create, get and list activities, publish (warm-up) now or on
+//! schedule, item status, reconciliation, and the shared edge ban list.
+//!
+//! Publish = warm-up: per shard, `WARM` (no force) with the split of each item's
+//! MySQL stock under a fresh fence epoch, then the meta hash, `SADD sk:activities`,
+//! `PUBLISH sk:activities`, and MySQL status PUBLISHED. `WARM` without force never
+//! touches a shard that already has its fence, so publishing twice never adds
+//! stock; an already published activity whose shards lost their state is recomputed
+//! instead of warmed from scratch.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use seckill_lua::ids::epoch_from_millis;
+use seckill_lua::messages::BanChange;
+use seckill_lua::{keys, scripts, split_stock};
+use seckill_proto::pb;
+
+use crate::app::App;
+use crate::catalog::ActivityEntry;
+use crate::db;
+use crate::domain::{now_ms, NewActivity};
+use crate::error::{invalid, Error, Result};
+
+impl App {
+    pub async fn create_activity(&self, req: &pb::CreateActivityRequest) -> Result<pb::Activity> {
+        let new = NewActivity::parse(req)?;
+        let id = db::create_activity(&self.db, &new).await?;
+        tracing::info!(activity = id, title = %new.title, "activity created");
+        self.get_activity(id).await
+    }
+
+    pub async fn get_activity(&self, id: u64) -> Result<pb::Activity> {
+        db::get_activity(&self.db, id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("activity {id} not found")))
+    }
+
+    pub async fn list_activities(&self, current_only: bool) -> Result<Vec<pb::Activity>> {
+        db::list_activities(&self.db, current_only, None, now_ms()).await
+    }
+
+    /// Publishes now (`publish_at_ms` 0 or past) or schedules. Returns the activity
+    /// and whether this call warmed Redis.
+    pub async fn publish(
+        self: &Arc<Self>,
+        id: u64,
+        publish_at_ms: i64,
+    ) -> Result<(pb::Activity, bool)> {
+        if publish_at_ms < 0 {
+            return Err(invalid("publish_at_ms", "must not be negative"));
+        }
+        let activity = self.get_activity(id).await?;
+        let now = now_ms();
+        if activity.end_at_ms <= now {
+            return Err(Error::FailedPrecondition(format!(
+                "activity {id} ended at {} (unix ms); an ended window cannot be published",
+                activity.end_at_ms
+            )));
+        }
+        let published = activity.status == pb::ActivityStatus::Published as i32;
+        if publish_at_ms > now && !published {
+            if publish_at_ms >= activity.end_at_ms {
+                return Err(invalid("publish_at_ms", "must be before the window ends"));
+            }
+            db::set_scheduled(&self.db, id, publish_at_ms).await?;
+            tracing::info!(activity = id, publish_at_ms, "publish scheduled");
+            return Ok((self.get_activity(id).await?, false));
+        }
+        let warmed = self.warm(&activity, published).await?;
+        db::set_published(&self.db, id, now).await?;
+        let activity = self.get_activity(id).await?;
+        self.catalog.insert(activity.clone(), true);
+        self.redis.sadd(keys::ACTIVITIES, id.to_string()).await?;
+        self.redis
+            .publish(keys::ACTIVITIES_CHANNEL, id.to_string())
+            .await?;
+        tracing::info!(activity = id, warmed, "published");
+        Ok((activity, warmed))
+    }
+
+    async fn warm(self: &Arc<Self>, activity: &pb::Activity, published: bool) -> Result<bool> {
+        let a = activity.id;
+        let shards = activity.shard_count.max(1);
+        if published {
+            if self.fences_present(a, shards).await? {
+                self.write_meta(activity).await?;
+                return Ok(false);
+            }
+            let (entry, _) = self.catalog.insert(activity.clone(), false);
+            self.recompute_now(&entry).await?;
+            return Ok(true);
+        }
+        // Units not yet taken by an order (equal to the total before the sale).
+        let (records, _) = db::snapshot(&self.db, a, &[]).await?;
+        let epoch = epoch_from_millis(now_ms().max(0) as u64);
+        let mut wrote = false;
+        for i in 0..shards {
+            let mut ks = vec![keys::fence(a, i)];
+            let mut args = vec![epoch.clone(), "0".to_string()];
+            for rec in &records {
+                ks.push(keys::stock(a, i, rec.item_id));
+                args.push(split_stock(u64::from(rec.stock), shards)[i as usize].to_string());
+            }
+            let r = self.redis.eval(&scripts::WARM, ks, args).await?;
+            wrote |= r.as_i64() == Some(1);
+        }
+        self.write_meta(activity).await?;
+        Ok(wrote)
+    }
+
+    /// Writes `sk:{a}:meta` and adds the activity to `sk:activities`.
+    pub(crate) async fn write_meta(&self, activity: &pb::Activity) -> Result<()> {
+        use keys::meta as f;
+        let a = activity.id;
+        let mut m: HashMap<String, String> = HashMap::new();
+        m.insert(f::TITLE.into(), activity.title.clone());
+        m.insert(f::START_MS.into(), activity.start_at_ms.to_string());
+        m.insert(f::END_MS.into(), activity.end_at_ms.to_string());
+        m.insert(f::SHARDS.into(), activity.shard_count.to_string());
+        m.insert(f::VERSION.into(), activity.version.to_string());
+        let ids: Vec<String> = activity.items.iter().map(|i| i.id.to_string()).collect();
+        m.insert(f::ITEMS.into(), ids.join(","));
+        for it in &activity.items {
+            m.insert(format!("{}{}", f::ITEM_STOCK, it.id), it.stock.to_string());
+            m.insert(format!("{}{}", f::ITEM_TITLE, it.id), it.title.clone());
+            m.insert(
+                format!("{}{}", f::ITEM_PRICE, it.id),
+                it.sale_price_cents.to_string(),
+            );
+        }
+        self.redis.hset(keys::meta(a), m).await?;
+        self.redis.sadd(keys::ACTIVITIES, a.to_string()).await
+    }
+
+    /// Loads published activities into the catalog and publishes scheduled ones whose
+    /// time has come.
+    pub async fn refresh(self: &Arc<Self>) -> Result<()> {
+        let now = now_ms();
+        for a in db::list_activities(&self.db, false, Some(db::PUBLISHED), now).await? {
+            // New to this process: it opens after the fence check.
+            self.catalog.insert(a, false);
+        }
+        if !self.catalog.is_loaded() {
+            self.catalog.set_loaded();
+            if self.config.stock.recompute_at_start {
+                for entry in self.catalog.all() {
+                    if entry.end_ms() > now {
+                        self.trigger_recompute(&entry, "start-up");
+                    }
+                }
+            } else {
+                self.check_fences().await;
+            }
+        }
+        for id in db::due_scheduled(&self.db, now).await? {
+            match self.publish(id, 0).await {
+                Ok(_) => tracing::info!(activity = id, "scheduled publish done"),
+                Err(e) => tracing::warn!(activity = id, error = %e, "scheduled publish failed"),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::refresh`] every `stock.schedule_poll_ms` until shutdown.
+    pub async fn refresh_loop(self: Arc<Self>) {
+        let period = Duration::from_millis(self.config.stock.schedule_poll_ms);
+        loop {
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(error = %e, "activity refresh failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = self.shutdown.clone().wait() => return,
+            }
+        }
+    }
+
+    /// The published activity, from the catalog or MySQL.
+    async fn entry(&self, id: u64) -> Result<Arc<ActivityEntry>> {
+        if let Some(e) = self.catalog.get(id) {
+            return Ok(e);
+        }
+        let a = self.get_activity(id).await?;
+        if a.status != pb::ActivityStatus::Published as i32 {
+            return Err(Error::FailedPrecondition(format!(
+                "activity {id} is not published"
+            )));
+        }
+        Ok(self.catalog.insert(a, false).0)
+    }
+
+    /// Redis' view of one item.
+    pub async fn item_status(&self, entry: &ActivityEntry, item: u64) -> Result<pb::ItemStatus> {
+        let a = entry.id();
+        let shards = entry.shards();
+        let Some(it) = entry.items.get(&item) else {
+            return Err(Error::NotFound(format!(
+                "item {item} not found in activity {a}"
+            )));
+        };
+        let shard_remaining = self.shard_stock(a, item, shards).await?;
+        let held = futures::future::try_join_all(
+            (0..shards).map(|i| self.redis.hlen(keys::buyers(a, i, item))),
+        )
+        .await?;
+        let sold_out = self.redis.exists(keys::sold_out(a, item)).await?;
+        Ok(pb::ItemStatus {
+            item_id: item,
+            total: it.total,
+            remaining: shard_remaining.iter().sum(),
+            shard_remaining,
+            reserved: held.iter().sum(),
+            sold_out,
+            available: entry.is_available() && self.fences_present(a, shards).await?,
+            false_sold_out: it.false_sold_out.load(Ordering::Relaxed),
+        })
+    }
+
+    pub async fn activity_status(&self, id: u64) -> Result<pb::ActivityStatusResponse> {
+        let entry = self.entry(id).await?;
+        let mut items = Vec::new();
+        for s in entry.item_ids() {
+            items.push(self.item_status(&entry, s).await?);
+        }
+        Ok(pb::ActivityStatusResponse {
+            activity: Some(entry.activity.clone()),
+            items,
+        })
+    }
+
+    pub async fn get_stock(&self, a: u64, s: u64) -> Result<pb::GetStockResponse> {
+        let entry = self.entry(a).await?;
+        let st = self.item_status(&entry, s).await?;
+        Ok(pb::GetStockResponse {
+            activity_id: a,
+            item_id: s,
+            total: st.total,
+            remaining: st.remaining,
+            shard_remaining: st.shard_remaining,
+            reserved: st.reserved,
+            sold_out: st.sold_out,
+            available: st.available,
+        })
+    }
+
+    /// Per item: total = Redis remaining + in flight + active orders, where in flight
+    /// = buyers held in Redis − active orders. `repair` rebuilds Redis from MySQL
+    /// (the recompute) when nothing is in flight.
+    pub async fn reconcile(
+        self: &Arc<Self>,
+        a: u64,
+        item: u64,
+        repair: bool,
+    ) -> Result<Vec<pb::ItemReconciliation>> {
+        let entry = self.entry(a).await?;
+        let items: Vec<u64> = if item == 0 {
+            entry.item_ids()
+        } else if entry.items.contains_key(&item) {
+            vec![item]
+        } else {
+            return Err(Error::NotFound(format!(
+                "item {item} not found in activity {a}"
+            )));
+        };
+        let mut out = Vec::new();
+        for s in &items {
+            out.push(self.reconcile_item(&entry, *s).await?);
+        }
+        if repair {
+            let quiet = out.iter().all(|r| r.in_flight == 0);
+            if !quiet {
+                for r in &mut out {
+                    r.message = "not repaired: reservations are in flight; retry when orderd \
+                                 has caught up"
+                        .into();
+                }
+            } else {
+                self.recompute_now(&entry).await?;
+                let mut again = Vec::new();
+                for s in &items {
+                    let mut r = self.reconcile_item(&entry, *s).await?;
+                    r.repaired = true;
+                    r.message = "rebuilt from MySQL".into();
+                    again.push(r);
+                }
+                out = again;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn reconcile_item(
+        &self,
+        entry: &ActivityEntry,
+        s: u64,
+    ) -> Result<pb::ItemReconciliation> {
+        let st = self.item_status(entry, s).await?;
+        let (mysql_stock, active) = db::item_counts(&self.db, s)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("item {s} not found")))?;
+        let in_flight = st.reserved - active;
+        let difference = i64::from(st.total) - (st.remaining + in_flight + active);
+        Ok(pb::ItemReconciliation {
+            item_id: s,
+            total: st.total,
+            redis_remaining: st.remaining,
+            in_flight,
+            active_orders: active,
+            mysql_stock,
+            difference,
+            consistent: difference == 0 && in_flight >= 0,
+            repaired: false,
+            message: match difference {
+                0 => "consistent".into(),
+                d if d > 0 => format!("undersold: {d} units lost from Redis"),
+                d => format!("oversold: {} units too many in Redis", -d),
+            },
+        })
+    }
+
+    pub async fn ban(&self, cidr: &str, ttl_secs: u64, reason: &str) -> Result<String> {
+        let cidr = normalize_cidr(cidr)?;
+        if reason.len() > 200 || reason.chars().any(char::is_control) {
+            return Err(invalid("reason", "must be at most 200 printable bytes"));
+        }
+        if ttl_secs > 10 * 365 * 86_400 {
+            return Err(invalid("ttl_secs", "must be at most ten years"));
+        }
+        let expires_at_ms = if ttl_secs == 0 {
+            0
+        } else {
+            now_ms() as u64 + ttl_secs * 1000
+        };
+        let mut m = HashMap::new();
+        m.insert(cidr.clone(), BanChange::stored_value(expires_at_ms, reason));
+        self.redis.hset(keys::BANS.to_string(), m).await?;
+        self.redis
+            .publish(
+                keys::BANS_CHANNEL,
+                BanChange::Ban {
+                    cidr: cidr.clone(),
+                    expires_at_ms,
+                    reason: reason.to_string(),
+                }
+                .encode(),
+            )
+            .await?;
+        tracing::info!(%cidr, ttl_secs, "banned");
+        Ok(cidr)
+    }
+
+    pub async fn unban(&self, cidr: &str) -> Result<bool> {
+        let cidr = normalize_cidr(cidr)?;
+        let removed = self.redis.hdel(keys::BANS, &cidr).await?;
+        self.redis
+            .publish(
+                keys::BANS_CHANNEL,
+                BanChange::Unban { cidr: cidr.clone() }.encode(),
+            )
+            .await?;
+        Ok(removed)
+    }
+
+    pub async fn list_bans(&self) -> Result<Vec<pb::Ban>> {
+        let now = now_ms();
+        let mut bans: Vec<pb::Ban> = self
+            .redis
+            .hgetall(keys::BANS)
+            .await?
+            .into_iter()
+            .filter_map(|(cidr, v)| {
+                let (exp, reason) = v.split_once('|').unwrap_or((v.as_str(), ""));
+                let expires_at_ms: i64 = exp.parse().ok()?;
+                (expires_at_ms == 0 || expires_at_ms > now).then(|| pb::Ban {
+                    cidr,
+                    expires_at_ms,
+                    reason: reason.to_string(),
+                })
+            })
+            .collect();
+        bans.sort_by(|a, b| a.cidr.cmp(&b.cidr));
+        Ok(bans)
+    }
+}
+
+/// An IP address or CIDR in canonical text (`10.0.0.0/8`, `1.2.3.4`, `::1`).
+pub fn normalize_cidr(s: &str) -> Result<String> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(ip.to_string());
+    }
+    match s.parse::<ipnet::IpNet>() {
+        Ok(net) => Ok(net.trunc().to_string()),
+        Err(_) => Err(invalid(
+            "cidr",
+            format!("`{s}` is not an IP address or CIDR"),
+        )),
+    }
+}

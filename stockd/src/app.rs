@@ -1,0 +1,42 @@
+//! [`App`]: the state every handler and background loop shares (config, Redis,
+//! MySQL, metrics, catalog). Its methods live by concern in [`crate::stock`],
+//! [`crate::recompute`] and [`crate::admin`].
+
+use std::sync::Arc;
+
+use sqlx::MySqlPool;
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::redis::Redis;
+use seckill_proto::shutdown::Shutdown;
+
+/// Shared state of one stockd process.
+pub struct App {
+    pub config: Config,
+    pub redis: Redis,
+    pub db: MySqlPool,
+    pub metrics: Metrics,
+    pub catalog: Catalog,
+    pub shutdown: Shutdown,
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        redis: Redis,
+        db: MySqlPool,
+        metrics: Metrics,
+        shutdown: Shutdown,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            redis,
+            db,
+            metrics,
+            catalog: Catalog::default(),
+            shutdown,
+        })
+    }
+}

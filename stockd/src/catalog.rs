@@ -1,0 +1,132 @@
+//! The in-memory view of published activities: windows, shard counts and items, so
+//! Reserve answers NOT_FOUND / NOT_STARTED / ENDED without a Redis call, and the
+//! per-activity availability flag that keeps Reserve at UNAVAILABLE while the
+//! activity's shards are being recomputed. Refreshed from MySQL by a background loop.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use seckill_proto::pb;
+
+/// One item of a published activity.
+#[derive(Debug)]
+pub struct ItemEntry {
+    pub id: u64,
+    /// Units put on sale.
+    pub total: u32,
+    /// SOLD_OUT answers given by this process while another shard still held units.
+    pub false_sold_out: AtomicU64,
+}
+
+/// One published activity.
+#[derive(Debug)]
+pub struct ActivityEntry {
+    pub activity: pb::Activity,
+    pub items: HashMap<u64, ItemEntry>,
+    /// False until the start-up fence check passed, and while recomputing.
+    pub available: AtomicBool,
+    /// True while a recompute task runs (at most one per activity and process).
+    pub recomputing: AtomicBool,
+    /// Rotating start of the donor scan, so rebalancing spreads over shards.
+    pub rotation: AtomicU32,
+}
+
+impl ActivityEntry {
+    pub fn new(activity: pb::Activity, available: bool) -> Self {
+        let items = activity
+            .items
+            .iter()
+            .map(|i| {
+                (
+                    i.id,
+                    ItemEntry {
+                        id: i.id,
+                        total: i.stock,
+                        false_sold_out: AtomicU64::new(0),
+                    },
+                )
+            })
+            .collect();
+        Self {
+            activity,
+            items,
+            available: AtomicBool::new(available),
+            recomputing: AtomicBool::new(false),
+            rotation: AtomicU32::new(0),
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.activity.id
+    }
+    pub fn shards(&self) -> u32 {
+        self.activity.shard_count.max(1)
+    }
+    pub fn start_ms(&self) -> i64 {
+        self.activity.start_at_ms
+    }
+    pub fn end_ms(&self) -> i64 {
+        self.activity.end_at_ms
+    }
+    pub fn is_available(&self) -> bool {
+        self.available.load(Ordering::Acquire)
+    }
+    /// Item ids in creation order.
+    pub fn item_ids(&self) -> Vec<u64> {
+        self.activity.items.iter().map(|i| i.id).collect()
+    }
+}
+
+/// Published activities by id.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    map: RwLock<HashMap<u64, Arc<ActivityEntry>>>,
+    loaded: AtomicBool,
+}
+
+impl Catalog {
+    pub fn get(&self, id: u64) -> Option<Arc<ActivityEntry>> {
+        self.map.read().expect("catalog lock").get(&id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<ActivityEntry>> {
+        self.map
+            .read()
+            .expect("catalog lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Adds the activity unless present; returns the entry in the catalog and whether
+    /// it was added.
+    pub fn insert(&self, activity: pb::Activity, available: bool) -> (Arc<ActivityEntry>, bool) {
+        let mut map = self.map.write().expect("catalog lock");
+        if let Some(e) = map.get(&activity.id) {
+            return (e.clone(), false);
+        }
+        let e = Arc::new(ActivityEntry::new(activity, available));
+        map.insert(e.id(), e.clone());
+        (e, true)
+    }
+
+    /// True once the first load from MySQL succeeded; before, Reserve is UNAVAILABLE.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Loaded, and every activity whose window is open has its shards open: the
+    /// readiness behind health SERVING.
+    pub fn is_ready(&self, now_ms: i64) -> bool {
+        self.is_loaded()
+            && self
+                .all()
+                .iter()
+                .all(|e| e.end_ms() <= now_ms || e.is_available())
+    }
+
+    pub fn set_loaded(&self) {
+        self.loaded.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,393 @@
+//! stockd's config file (`deploy/local/stockd.toml`), loaded by
+//! [`seckill_proto::config::load`]: TOML, then `STOCKD__SECTION__FIELD` environment
+//! overrides, then [`Validate`]. Unknown keys are errors.
+
+use serde::Deserialize;
+use std::path::Path;
+use std::time::Duration;
+
+use seckill_proto::config::{
+    ensure, ensure_host_port, ensure_nodes, ConfigError, FieldError, Validate,
+};
+
+/// Environment override prefix: `STOCKD__REDIS__TIMEOUT_MS=500`.
+pub const ENV_PREFIX: &str = "STOCKD";
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The gRPC port (StockService, AdminService, health, reflection).
+    pub grpc: GrpcConfig,
+    /// The loopback admin port (`/metrics`, `/healthz`). Optional; default none.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Redis Cluster endpoints and timeouts.
+    pub redis: RedisConfig,
+    /// MySQL (MariaDB), the record of activities, stock and orders.
+    pub mysql: MysqlConfig,
+    /// Sharding, rebalancing and background loops.
+    #[serde(default)]
+    pub stock: StockConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[grpc]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Listen address, `host:port`. Default `127.0.0.1:50051`.
+    #[serde(default = "default_grpc_listen")]
+    pub listen: String,
+    /// Bearer token every StockService/AdminService call must carry. Required,
+    /// non-empty, never logged.
+    pub service_token: String,
+    /// How long in-flight calls may finish after a shutdown signal, in ms. Default 5000.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address of `/metrics` and `/healthz`, `host:port` (keep it on
+    /// loopback). Default: none (no admin port).
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
+/// `[redis]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
+    pub nodes: Vec<String>,
+    /// Deadline of one Redis command (a Lua call included), in ms. A call that takes
+    /// longer answers UNAVAILABLE. Default 500.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Deadline of connecting to a node, in ms. Default 2000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Connections per node (a round-robin pool of clients). Default 4.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+}
+
+/// `[mysql]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// `mysql://user:password@host:port/database`. Required. Never logged.
+    pub url: String,
+    /// Pool size. Default 8.
+    #[serde(default = "default_mysql_connections")]
+    pub max_connections: u32,
+    /// Deadline of acquiring a connection, in ms. Default 3000.
+    #[serde(default = "default_mysql_acquire_ms")]
+    pub acquire_timeout_ms: u64,
+}
+
+/// `[stock]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StockConfig {
+    /// Units moved per rebalancing step from a donor shard to an empty home shard
+    /// (1..=1000). Small keeps stock spread; large saves round trips. Default 4.
+    #[serde(default = "default_rebalance_batch")]
+    pub rebalance_batch: u32,
+    /// Donor shards tried per reservation before answering SOLD_OUT (1..=1024).
+    /// Default 8.
+    #[serde(default = "default_rebalance_attempts")]
+    pub rebalance_attempts: u32,
+    /// How often every published activity's fence keys are checked, so a Redis flush
+    /// is repaired even with no traffic, in ms (50..=600000). Default 1000.
+    #[serde(default = "default_fence_check_ms")]
+    pub fence_check_ms: u64,
+    /// How often scheduled publications and activity changes are polled from MySQL,
+    /// in ms (50..=600000). Default 1000.
+    #[serde(default = "default_schedule_poll_ms")]
+    pub schedule_poll_ms: u64,
+    /// Rebuild every open activity's shards from MySQL at start-up (true), or only
+    /// those whose fence keys are missing (false). True also repairs writes lost in a
+    /// failover that kept the fences. Default true.
+    #[serde(default = "default_true")]
+    pub recompute_at_start: bool,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// JSON lines instead of text. Default false. Level: `RUST_LOG` (default info).
+    #[serde(default)]
+    pub json: bool,
+}
+
+fn default_grpc_listen() -> String {
+    "127.0.0.1:50051".into()
+}
+fn default_drain_ms() -> u64 {
+    5000
+}
+fn default_redis_timeout_ms() -> u64 {
+    500
+}
+fn default_connect_timeout_ms() -> u64 {
+    2000
+}
+fn default_pool_size() -> usize {
+    4
+}
+fn default_mysql_connections() -> u32 {
+    8
+}
+fn default_mysql_acquire_ms() -> u64 {
+    3000
+}
+fn default_true() -> bool {
+    true
+}
+fn default_rebalance_batch() -> u32 {
+    4
+}
+fn default_rebalance_attempts() -> u32 {
+    8
+}
+fn default_fence_check_ms() -> u64 {
+    1000
+}
+fn default_schedule_poll_ms() -> u64 {
+    1000
+}
+
+impl Default for StockConfig {
+    fn default() -> Self {
+        Self {
+            rebalance_batch: default_rebalance_batch(),
+            rebalance_attempts: default_rebalance_attempts(),
+            fence_check_ms: default_fence_check_ms(),
+            schedule_poll_ms: default_schedule_poll_ms(),
+            recompute_at_start: true,
+        }
+    }
+}
+
+impl Config {
+    /// Reads, overrides from `STOCKD__*` variables, and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        seckill_proto::config::load(path, ENV_PREFIX)
+    }
+
+    /// Parses `text` (named `origin` in errors) with overrides from `env`; for tests.
+    pub fn load_str(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        seckill_proto::config::load_str(text, origin, ENV_PREFIX, env)
+    }
+
+    /// A valid config for tests: listeners are passed to [`crate::run`], so the listen
+    /// addresses are only informative; background loops run fast; the Redis timeout
+    /// is 3 s.
+    pub fn for_test(redis_nodes: Vec<String>, mysql_url: String, token: &str) -> Config {
+        Config {
+            grpc: GrpcConfig {
+                listen: "127.0.0.1:0".into(),
+                service_token: token.into(),
+                drain_ms: 2000,
+            },
+            admin: AdminConfig::default(),
+            redis: RedisConfig {
+                nodes: redis_nodes,
+                // Generous: debug builds on a shared 2-core machine under thousands
+                // of concurrent calls.
+                timeout_ms: 3000,
+                connect_timeout_ms: default_connect_timeout_ms(),
+                pool_size: 2,
+            },
+            mysql: MysqlConfig {
+                url: mysql_url,
+                max_connections: 4,
+                acquire_timeout_ms: default_mysql_acquire_ms(),
+            },
+            stock: StockConfig {
+                fence_check_ms: 200,
+                schedule_poll_ms: 200,
+                ..StockConfig::default()
+            },
+            log: LogConfig::default(),
+        }
+    }
+
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis.timeout_ms)
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self) -> Result<(), FieldError> {
+        ensure_host_port(&self.grpc.listen, "grpc.listen")?;
+        ensure(
+            !self.grpc.service_token.trim().is_empty(),
+            "grpc.service_token",
+            "must not be empty",
+        )?;
+        ensure(
+            self.grpc
+                .service_token
+                .bytes()
+                .all(|b| b.is_ascii_graphic()),
+            "grpc.service_token",
+            "must be printable ASCII without spaces",
+        )?;
+        ensure(
+            self.grpc.drain_ms <= 600_000,
+            "grpc.drain_ms",
+            "must be at most 600000",
+        )?;
+        if let Some(listen) = &self.admin.listen {
+            ensure_host_port(listen, "admin.listen")?;
+        }
+        ensure_nodes(&self.redis.nodes, "redis.nodes")?;
+        ensure(
+            (1..=60_000).contains(&self.redis.timeout_ms),
+            "redis.timeout_ms",
+            "must be 1..=60000",
+        )?;
+        ensure(
+            (1..=60_000).contains(&self.redis.connect_timeout_ms),
+            "redis.connect_timeout_ms",
+            "must be 1..=60000",
+        )?;
+        ensure(
+            (1..=64).contains(&self.redis.pool_size),
+            "redis.pool_size",
+            "must be 1..=64",
+        )?;
+        ensure(
+            self.mysql.url.starts_with("mysql://") || self.mysql.url.starts_with("mariadb://"),
+            "mysql.url",
+            "must start with mysql://",
+        )?;
+        ensure(
+            (1..=256).contains(&self.mysql.max_connections),
+            "mysql.max_connections",
+            "must be 1..=256",
+        )?;
+        ensure(
+            (1..=60_000).contains(&self.mysql.acquire_timeout_ms),
+            "mysql.acquire_timeout_ms",
+            "must be 1..=60000",
+        )?;
+        let s = &self.stock;
+        ensure(
+            (1..=1000).contains(&s.rebalance_batch),
+            "stock.rebalance_batch",
+            "must be 1..=1000",
+        )?;
+        ensure(
+            (1..=1024).contains(&s.rebalance_attempts),
+            "stock.rebalance_attempts",
+            "must be 1..=1024",
+        )?;
+        ensure(
+            (50..=600_000).contains(&s.fence_check_ms),
+            "stock.fence_check_ms",
+            "must be 50..=600000",
+        )?;
+        ensure(
+            (50..=600_000).contains(&s.schedule_poll_ms),
+            "stock.schedule_poll_ms",
+            "must be 50..=600000",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[grpc]
+listen = "127.0.0.1:50051"
+service_token = "t"
+[redis]
+nodes = ["127.0.0.1:7001"]
+[mysql]
+url = "mysql://root@127.0.0.1:3306/seckill"
+"#;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::load_str(text, "stockd.toml", env)
+    }
+
+    #[test]
+    fn a_minimal_file_loads_with_defaults() {
+        let c = load(GOOD, &[]).unwrap();
+        assert_eq!(c.stock.rebalance_batch, 4);
+        assert_eq!(c.redis.timeout_ms, 500);
+        assert!(c.admin.listen.is_none());
+    }
+
+    #[test]
+    fn the_shipped_local_config_is_valid() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/local/stockd.toml");
+        let c = Config::load_str(&std::fs::read_to_string(path).unwrap(), path, []).unwrap();
+        assert_eq!(c.grpc.listen, "127.0.0.1:50051");
+        assert_eq!(c.admin.listen.as_deref(), Some("127.0.0.1:9092"));
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_naming_it() {
+        let e = load(&format!("{GOOD}\n[stock]\nshards = 3\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("stock") && e.contains("unknown field `shards`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_field() {
+        for (env, field) in [
+            (
+                ("STOCKD__GRPC__SERVICE_TOKEN", "\"\""),
+                "grpc.service_token",
+            ),
+            (("STOCKD__REDIS__NODES", "[]"), "redis.nodes"),
+            (("STOCKD__REDIS__TIMEOUT_MS", "0"), "redis.timeout_ms"),
+            (
+                ("STOCKD__STOCK__REBALANCE_BATCH", "0"),
+                "stock.rebalance_batch",
+            ),
+            (
+                ("STOCKD__STOCK__FENCE_CHECK_MS", "1"),
+                "stock.fence_check_ms",
+            ),
+            (("STOCKD__MYSQL__URL", "postgres://x"), "mysql.url"),
+            (("STOCKD__GRPC__LISTEN", "nowhere"), "grpc.listen"),
+        ] {
+            let e = load(GOOD, &[env]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("stockd.toml: {field}: ")), "{e}");
+        }
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let c = load(GOOD, &[("STOCKD__REDIS__TIMEOUT_MS", "250")]).unwrap();
+        assert_eq!(c.redis.timeout_ms, 250);
+    }
+
+    #[test]
+    fn the_test_config_is_valid() {
+        let c = Config::for_test(vec!["127.0.0.1:1".into()], "mysql://r@h/d".into(), "t");
+        c.validate().unwrap();
+    }
+}

@@ -1,0 +1,200 @@
+//! Inputs parsed at the door into types that cannot be malformed: user and request
+//! ids, activity specs. Every check names the request field it refuses.
+
+use crate::error::{invalid, Result};
+use seckill_lua::MAX_ID_LEN;
+
+/// A user id or request id: 1..=64 bytes, printable (no control characters), no `|`
+/// (the buyer record separator) and no whitespace.
+fn check_id(field: &str, s: &str) -> Result<()> {
+    if s.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if s.len() > MAX_ID_LEN {
+        return Err(invalid(
+            field,
+            format!("must be at most {MAX_ID_LEN} bytes (got {})", s.len()),
+        ));
+    }
+    if s.chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '|')
+    {
+        return Err(invalid(
+            field,
+            "must be printable, without whitespace or '|'",
+        ));
+    }
+    Ok(())
+}
+
+/// A validated user id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserId(String);
+
+impl UserId {
+    pub fn parse(field: &str, s: &str) -> Result<Self> {
+        check_id(field, s)?;
+        Ok(Self(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A validated request id (the idempotency key of Reserve).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub fn parse(field: &str, s: &str) -> Result<Self> {
+        check_id(field, s)?;
+        Ok(Self(s.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A positive id (activity or item).
+pub fn positive_id(field: &str, id: u64) -> Result<u64> {
+    if id == 0 {
+        return Err(invalid(field, "must be set (non-zero)"));
+    }
+    Ok(id)
+}
+
+/// A new item, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    pub title: String,
+    pub price_cents: i64,
+    pub sale_price_cents: i64,
+    pub stock: u32,
+}
+
+/// A new activity, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewActivity {
+    pub title: String,
+    pub start_at_ms: i64,
+    pub end_at_ms: i64,
+    pub shard_count: u32,
+    pub per_user_limit: u32,
+    pub items: Vec<NewItem>,
+}
+
+/// Largest stock of one item (keeps every count in i64 and in MySQL's INT UNSIGNED).
+pub const MAX_ITEM_STOCK: u32 = 100_000_000;
+/// Most items in one activity.
+pub const MAX_ITEMS: usize = 100;
+
+fn check_title(field: &str, t: &str) -> Result<String> {
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if t.chars().count() > 200 {
+        return Err(invalid(field, "must be at most 200 characters"));
+    }
+    if t.chars().any(char::is_control) {
+        return Err(invalid(field, "must not hold control characters"));
+    }
+    Ok(t.to_string())
+}
+
+impl NewActivity {
+    /// Validates a CreateActivity request. The shard count must be given (1..=1024):
+    /// issue 3 lists 0 as bad input.
+    pub fn parse(req: &seckill_proto::pb::CreateActivityRequest) -> Result<Self> {
+        let title = check_title("title", &req.title)?;
+        // Sanity bounds: 2000-01-01 .. 2200-01-01.
+        let (lo, hi) = (946_684_800_000_i64, 7_258_118_400_000_i64);
+        if !(lo..hi).contains(&req.start_at_ms) {
+            return Err(invalid(
+                "start_at_ms",
+                "must be a unix ms time between 2000 and 2200",
+            ));
+        }
+        if !(lo..hi).contains(&req.end_at_ms) {
+            return Err(invalid(
+                "end_at_ms",
+                "must be a unix ms time between 2000 and 2200",
+            ));
+        }
+        if req.end_at_ms <= req.start_at_ms {
+            return Err(invalid("end_at_ms", "must be after start_at_ms"));
+        }
+        let shard_count = req.shard_count;
+        if !(1..=seckill_lua::MAX_SHARDS).contains(&shard_count) {
+            return Err(invalid("shard_count", "must be 1..=1024"));
+        }
+        let per_user_limit = if req.per_user_limit == 0 {
+            1
+        } else {
+            req.per_user_limit
+        };
+        if per_user_limit != 1 {
+            return Err(invalid("per_user_limit", "only 1 is supported"));
+        }
+        if req.items.is_empty() {
+            return Err(invalid("items", "must hold at least one item"));
+        }
+        if req.items.len() > MAX_ITEMS {
+            return Err(invalid("items", format!("at most {MAX_ITEMS} items")));
+        }
+        let mut items = Vec::with_capacity(req.items.len());
+        for (k, it) in req.items.iter().enumerate() {
+            let f = |name: &str| format!("items[{k}].{name}");
+            let title = check_title(&f("title"), &it.title)?;
+            if it.price_cents < 0 {
+                return Err(invalid(&f("price_cents"), "must not be negative"));
+            }
+            if it.sale_price_cents <= 0 {
+                return Err(invalid(&f("sale_price_cents"), "must be > 0"));
+            }
+            if it.stock == 0 {
+                return Err(invalid(&f("stock"), "must be >= 1"));
+            }
+            if it.stock > MAX_ITEM_STOCK {
+                return Err(invalid(
+                    &f("stock"),
+                    format!("must be at most {MAX_ITEM_STOCK}"),
+                ));
+            }
+            items.push(NewItem {
+                title,
+                price_cents: it.price_cents,
+                sale_price_cents: it.sale_price_cents,
+                stock: it.stock,
+            });
+        }
+        Ok(Self {
+            title,
+            start_at_ms: req.start_at_ms,
+            end_at_ms: req.end_at_ms,
+            shard_count,
+            per_user_limit,
+            items,
+        })
+    }
+}
+
+/// Wall clock, unix ms.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_must_be_short_printable_and_free_of_the_separator() {
+        assert!(UserId::parse("user_id", "alice-1").is_ok());
+        assert!(UserId::parse("user_id", &"x".repeat(64)).is_ok());
+        for bad in ["", "a|b", "a b", "a\nb", &"x".repeat(65)] {
+            let e = UserId::parse("user_id", bad).unwrap_err().to_string();
+            assert!(e.starts_with("user_id: "), "{e}");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! stockd: activities and items, warm-up, stock sharded over a Redis Cluster, the
+//! one-call atomic reservation, release, rebalancing, sold-out publication,
+//! recompute from MySQL, and the admin API (DESIGN.md, issue 3).
+//!
+//! Layout:
+//! - [`config`]: the TOML config and its validation.
+//! - [`domain`]: request inputs parsed into types that cannot be malformed.
+//! - [`redis`]: the fred cluster pool, scripts by SHA, deadlines.
+//! - [`db`]: MySQL (activities, items, active orders).
+//! - [`catalog`]: published activities in memory (window checks without Redis).
+//! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
+//!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, fence check) and
+//!   [`admin`] (create, publish, status, reconcile, bans).
+//! - [`service`]: the thin gRPC impls; [`error`]: the one error type; [`metrics`].
+//! - [`run`]: serve until shutdown.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod app;
+pub mod catalog;
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod error;
+pub mod metrics;
+pub mod recompute;
+pub mod redis;
+pub mod service;
+pub mod stock;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use seckill_proto::auth::ServiceToken;
+use seckill_proto::pb::admin_service_server::AdminServiceServer;
+use seckill_proto::pb::stock_service_server::StockServiceServer;
+use seckill_proto::shutdown::{drain, Shutdown};
+
+pub use config::Config;
+pub use metrics::Metrics;
+
+/// Serves stockd on `grpc` (and `/metrics` on `admin` when given) until `shutdown`
+/// fires, then drains in-flight calls for at most `grpc.drain_ms`.
+///
+/// Redis and MySQL may be down at start: Reserve answers UNAVAILABLE until the
+/// activities are loaded and each activity's shards passed the fence check (or were
+/// recomputed).
+pub async fn run(
+    config: Config,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    run_with_metrics(config, grpc, admin, shutdown, Metrics::new()).await
+}
+
+/// [`run`] with a caller-owned [`Metrics`] (tests read it).
+pub async fn run_with_metrics(
+    config: Config,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: Shutdown,
+    metrics: Metrics,
+) -> anyhow::Result<()> {
+    let redis = redis::Redis::connect(&config.redis, metrics.clone())
+        .await
+        .context("redis")?;
+    let db = db::pool(&config.mysql).context("mysql")?;
+    let token = ServiceToken::new(&config.grpc.service_token);
+    let drain_for = Duration::from_millis(config.grpc.drain_ms);
+    let app = app::App::new(
+        config,
+        redis.clone(),
+        db.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    );
+
+    let refresh = tokio::spawn(app.clone().refresh_loop());
+    let fences = tokio::spawn(app.clone().fence_loop());
+    let admin_task = admin.map(|l| {
+        tokio::spawn(seckill_proto::admin_http::serve(
+            l,
+            metrics.registry.clone(),
+            shutdown.clone(),
+        ))
+    });
+
+    let (health, router) = seckill_proto::serve::router();
+    let router = router
+        .add_service(StockServiceServer::with_interceptor(
+            service::StockSvc { app: app.clone() },
+            token.clone(),
+        ))
+        .add_service(AdminServiceServer::with_interceptor(
+            service::AdminSvc { app: app.clone() },
+            token,
+        ));
+    // SERVING once the activities are loaded and their shards open (readiness:
+    // start-up recomputes done), NOT_SERVING before.
+    health
+        .set_not_serving::<StockServiceServer<service::StockSvc>>()
+        .await;
+    {
+        let (app, shutdown) = (app.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            while !app.catalog.is_ready(domain::now_ms()) {
+                if shutdown.is_fired() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            health
+                .set_serving::<StockServiceServer<service::StockSvc>>()
+                .await;
+            health
+                .set_serving::<AdminServiceServer<service::AdminSvc>>()
+                .await;
+        });
+    }
+    tracing::info!(addr = ?grpc.local_addr().ok(), "stockd serving");
+
+    let server = tokio::spawn(seckill_proto::serve::run(router, grpc, shutdown.clone()));
+    shutdown.clone().wait().await;
+    tracing::info!("stockd shutting down");
+    let served = drain("grpc calls", drain_for, server).await;
+    let _ = drain("background loops", Duration::from_secs(2), async {
+        let _ = refresh.await;
+        let _ = fences.await;
+        if let Some(t) = admin_task {
+            let _ = t.await;
+        }
+    })
+    .await;
+    redis.quit().await;
+    db.close().await;
+    match served {
+        Some(Ok(Ok(()))) | None => Ok(()),
+        Some(Ok(Err(e))) => Err(e).context("grpc server"),
+        Some(Err(e)) => Err(e).context("grpc server task"),
+    }
+}

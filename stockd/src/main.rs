@@ -1,0 +1,19 @@
+//! The `stockd` binary: the shared daemon start-up ([`seckill_proto::daemon`]: `-c`, `-t`,
+//! `--migrate`, tracing, listeners) around [`stockd::run`].
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    seckill_proto::daemon::main(
+        "stockd",
+        "Stock daemon of the seckill platform: activities, sharded stock, reservations.",
+        stockd::Config::load,
+        |c| seckill_proto::daemon::Endpoints {
+            grpc: &c.grpc.listen,
+            admin: c.admin.listen.as_deref(),
+            mysql_url: &c.mysql.url,
+            json_logs: c.log.json,
+        },
+        stockd::run,
+    )
+}

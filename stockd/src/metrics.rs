@@ -1,0 +1,118 @@
+//! Prometheus metrics of stockd, registered in a [`Metrics`] value that is passed in
+//! (no global registry) and served on the admin port.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+};
+
+/// Every stockd metric and the registry holding them.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `stockd_reservations_total{outcome}`: Reserve answers by outcome
+    /// (reserved, retry, duplicate, sold_out, not_started, ended, not_found,
+    /// unavailable, invalid).
+    pub reservations: IntCounterVec,
+    /// `stockd_releases_total{outcome}`: released, not_held.
+    pub releases: IntCounterVec,
+    /// `stockd_lua_seconds{script}`: latency of one EVALSHA, seconds.
+    pub lua_seconds: HistogramVec,
+    /// `stockd_reserve_seconds`: latency of a whole Reserve (rebalancing included).
+    pub reserve_seconds: Histogram,
+    /// `stockd_redis_errors_total{kind}`: timeout, noscript, error.
+    pub redis_errors: IntCounterVec,
+    /// `stockd_recomputes_total{result}`: ok, error.
+    pub recomputes: IntCounterVec,
+    /// `stockd_false_sold_out_total`: SOLD_OUT answered while another shard still held
+    /// units (rebalancing gave up).
+    pub false_sold_out: IntCounter,
+    /// `stockd_rebalance_moves_total`: units moved between shards.
+    pub rebalance_units: IntCounter,
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reservations = IntCounterVec::new(
+            Opts::new("stockd_reservations_total", "Reserve answers by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let releases = IntCounterVec::new(
+            Opts::new("stockd_releases_total", "Release answers by outcome"),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let lua_seconds = HistogramVec::new(
+            HistogramOpts::new("stockd_lua_seconds", "Latency of one Lua call (EVALSHA)").buckets(
+                vec![
+                    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0,
+                ],
+            ),
+            &["script"],
+        )
+        .expect("valid metric");
+        let reserve_seconds = Histogram::with_opts(
+            HistogramOpts::new("stockd_reserve_seconds", "Latency of a whole Reserve").buckets(
+                vec![
+                    0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                ],
+            ),
+        )
+        .expect("valid metric");
+        let redis_errors = IntCounterVec::new(
+            Opts::new("stockd_redis_errors_total", "Redis errors by kind"),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let recomputes = IntCounterVec::new(
+            Opts::new(
+                "stockd_recomputes_total",
+                "Rebuilds of an activity's shards from MySQL",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let false_sold_out = IntCounter::new(
+            "stockd_false_sold_out_total",
+            "SOLD_OUT answers given while another shard still held units",
+        )
+        .expect("valid metric");
+        let rebalance_units = IntCounter::new(
+            "stockd_rebalance_units_total",
+            "Units moved from a donor shard to an empty home shard",
+        )
+        .expect("valid metric");
+        for m in [
+            Box::new(reservations.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(releases.clone()),
+            Box::new(lua_seconds.clone()),
+            Box::new(reserve_seconds.clone()),
+            Box::new(redis_errors.clone()),
+            Box::new(recomputes.clone()),
+            Box::new(false_sold_out.clone()),
+            Box::new(rebalance_units.clone()),
+        ] {
+            registry.register(m).expect("metric names are unique");
+        }
+        Self {
+            registry,
+            reservations,
+            releases,
+            lua_seconds,
+            reserve_seconds,
+            redis_errors,
+            recomputes,
+            false_sold_out,
+            rebalance_units,
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

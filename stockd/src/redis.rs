@@ -1,0 +1,285 @@
+//! The Redis side: a pool of fred cluster clients, the Lua scripts (loaded on every
+//! primary at start, called by SHA, reloaded on `NOSCRIPT`), and a deadline on every
+//! call so a slow or dead node answers UNAVAILABLE instead of hanging.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use fred::prelude::*;
+use fred::types::config::{ConnectionConfig, PerformanceConfig, ReconnectPolicy};
+use fred::types::Value;
+use seckill_lua::scripts::Script;
+
+use crate::config::RedisConfig;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// The Redis Cluster, as stockd uses it.
+#[derive(Clone)]
+pub struct Redis {
+    pool: Pool,
+    timeout: Duration,
+    metrics: Metrics,
+    /// (script, sha1) pairs, precomputed.
+    shas: HashMap<&'static str, String>,
+}
+
+impl Redis {
+    /// Builds the pool and starts connecting; waits up to the connect timeout for the
+    /// first connection, and returns anyway (calls then fail with UNAVAILABLE until
+    /// Redis is reachable).
+    pub async fn connect(cfg: &RedisConfig, metrics: Metrics) -> anyhow::Result<Self> {
+        let hosts = cfg
+            .nodes
+            .iter()
+            .map(|n| {
+                let (h, p) = n.rsplit_once(':').expect("validated host:port");
+                (h.to_string(), p.parse::<u16>().expect("validated port"))
+            })
+            .collect::<Vec<_>>();
+        let config = Config {
+            server: ServerConfig::new_clustered(hosts),
+            ..Config::default()
+        };
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        let pool = Builder::from_config(config)
+            .with_performance_config(|p: &mut PerformanceConfig| {
+                p.default_command_timeout = timeout;
+            })
+            .with_connection_config(|c: &mut ConnectionConfig| {
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = connect_timeout;
+                // One write per command: a GIVE written twice after a dropped
+                // connection would create units. Reserve is idempotent by request
+                // id, so the caller's retry is the safe retry.
+                c.max_command_attempts = 1;
+                c.tcp = fred::types::config::TcpConfig {
+                    nodelay: Some(true),
+                    ..Default::default()
+                };
+            })
+            .set_policy(ReconnectPolicy::new_constant(0, 100))
+            .build_pool(cfg.pool_size)?;
+        pool.connect();
+        match tokio::time::timeout(connect_timeout, pool.wait_for_connect()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "redis not reachable yet"),
+            Err(_) => tracing::warn!("redis not reachable yet (connect timeout)"),
+        }
+        let shas = seckill_lua::scripts::ALL
+            .iter()
+            .map(|s| (s.name, s.sha1()))
+            .collect();
+        let redis = Self {
+            pool,
+            timeout,
+            metrics,
+            shas,
+        };
+        if let Err(e) = redis.load_scripts().await {
+            tracing::warn!(error = %e, "cannot load scripts yet; will load on first NOSCRIPT");
+        }
+        Ok(redis)
+    }
+
+    /// `SCRIPT LOAD` of every script on every primary.
+    pub async fn load_scripts(&self) -> Result<()> {
+        for s in seckill_lua::scripts::ALL {
+            self.deadline(self.client().script_load_cluster::<(), _>(s.body))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One client of the pool (round robin).
+    pub fn client(&self) -> &Client {
+        self.pool.next()
+    }
+
+    /// Closes every connection.
+    pub async fn quit(&self) {
+        let _ = self.pool.quit().await;
+    }
+
+    /// Runs `fut` under the configured deadline, counting errors.
+    pub async fn deadline<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, fred::error::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                let kind = if *e.kind() == fred::error::ErrorKind::Timeout {
+                    "timeout"
+                } else {
+                    "error"
+                };
+                self.metrics.redis_errors.with_label_values(&[kind]).inc();
+                if kind == "timeout" {
+                    Err(Error::RedisTimeout(self.timeout.as_millis() as u64))
+                } else {
+                    Err(Error::Redis(e))
+                }
+            }
+            Err(_) => {
+                self.metrics
+                    .redis_errors
+                    .with_label_values(&["timeout"])
+                    .inc();
+                Err(Error::RedisTimeout(self.timeout.as_millis() as u64))
+            }
+        }
+    }
+
+    /// `EVALSHA` of `script`, loading it again when the node answers `NOSCRIPT`
+    /// (a restarted node, a new primary after failover).
+    pub async fn eval(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value> {
+        let sha = self.shas[script.name].as_str();
+        let started = Instant::now();
+        let first = tokio::time::timeout(
+            self.timeout,
+            self.client()
+                .evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
+        )
+        .await;
+        let out = match first {
+            Ok(Err(e))
+                if e.details().starts_with("NOSCRIPT") || e.to_string().contains("NOSCRIPT") =>
+            {
+                self.metrics
+                    .redis_errors
+                    .with_label_values(&["noscript"])
+                    .inc();
+                tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
+                self.load_scripts().await?;
+                self.deadline(self.client().evalsha::<Value, _, _, _>(sha, keys, args))
+                    .await
+            }
+            Ok(r) => self.deadline(async { r }).await,
+            Err(_) => {
+                self.metrics
+                    .redis_errors
+                    .with_label_values(&["timeout"])
+                    .inc();
+                Err(Error::RedisTimeout(self.timeout.as_millis() as u64))
+            }
+        };
+        self.metrics
+            .lua_seconds
+            .with_label_values(&[script.name])
+            .observe(started.elapsed().as_secs_f64());
+        out
+    }
+
+    /// `GET` of an integer key; a missing key is `None`.
+    pub async fn get_i64(&self, key: String) -> Result<Option<i64>> {
+        self.deadline(self.client().get::<Option<i64>, _>(key))
+            .await
+    }
+
+    /// `EXISTS` of one key.
+    pub async fn exists(&self, key: String) -> Result<bool> {
+        Ok(self.deadline(self.client().exists::<i64, _>(key)).await? > 0)
+    }
+
+    /// `HLEN`.
+    pub async fn hlen(&self, key: String) -> Result<i64> {
+        self.deadline(self.client().hlen::<i64, _>(key)).await
+    }
+
+    /// `DEL` of one key; true when it existed.
+    pub async fn del(&self, key: String) -> Result<bool> {
+        Ok(self.deadline(self.client().del::<i64, _>(key)).await? > 0)
+    }
+
+    /// `SET key value NX`; true when this call set it.
+    pub async fn set_nx(&self, key: String, value: &str) -> Result<bool> {
+        let r: Option<String> = self
+            .deadline(self.client().set::<Option<String>, _, _>(
+                key,
+                value,
+                None,
+                Some(fred::types::SetOptions::NX),
+                false,
+            ))
+            .await?;
+        Ok(r.is_some())
+    }
+
+    /// `PUBLISH`.
+    pub async fn publish(&self, channel: &str, message: String) -> Result<()> {
+        self.deadline(self.client().publish::<i64, _, _>(channel, message))
+            .await
+            .map(|_| ())
+    }
+
+    /// `HSET` of several fields.
+    pub async fn hset(&self, key: String, fields: HashMap<String, String>) -> Result<()> {
+        if fields.is_empty() {
+            return Ok(());
+        }
+        self.deadline(self.client().hset::<i64, _, _>(key, fields))
+            .await
+            .map(|_| ())
+    }
+
+    /// `HDEL` of one field; true when it existed.
+    pub async fn hdel(&self, key: &str, field: &str) -> Result<bool> {
+        Ok(self
+            .deadline(self.client().hdel::<i64, _, _>(key, field))
+            .await?
+            > 0)
+    }
+
+    /// `HGETALL`.
+    pub async fn hgetall(&self, key: &str) -> Result<HashMap<String, String>> {
+        self.deadline(self.client().hgetall::<HashMap<String, String>, _>(key))
+            .await
+    }
+
+    /// `SADD` of one member.
+    pub async fn sadd(&self, key: &str, member: String) -> Result<()> {
+        self.deadline(self.client().sadd::<i64, _, _>(key, member))
+            .await
+            .map(|_| ())
+    }
+
+    /// Every entry of a stream, as (entry id, fields).
+    pub async fn stream_entries(
+        &self,
+        key: String,
+    ) -> Result<Vec<(String, HashMap<String, String>)>> {
+        self.deadline(
+            self.client()
+                .xrange_values::<String, String, String, _, _, _>(key, "-", "+", None),
+        )
+        .await
+    }
+}
+
+/// The parts of a script's array answer.
+pub fn array(v: Value) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(Error::Internal(format!(
+            "script answered {other:?}, expected an array"
+        ))),
+    }
+}
+
+/// A script answer element as text.
+pub fn text(v: &Value) -> String {
+    v.as_str().map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// A script answer element as an integer.
+pub fn int(v: &Value) -> Result<i64> {
+    v.as_i64()
+        .ok_or_else(|| Error::Internal(format!("script answered {v:?}, expected an integer")))
+}

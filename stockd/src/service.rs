@@ -1,0 +1,197 @@
+//! The gRPC face: thin `StockService` and `AdminService` impls that parse requests
+//! into domain types, call [`App`], and map outcomes to responses. Errors become
+//! statuses through the one `From<Error> for Status`.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use seckill_proto::pb::{
+    self, admin_service_server::AdminService, stock_service_server::StockService,
+};
+
+use crate::app::App;
+use crate::domain::{positive_id, RequestId, UserId};
+use crate::error::invalid;
+use crate::stock::{Release, Reserve};
+
+/// `seckill.v1.StockService`.
+#[derive(Clone)]
+pub struct StockSvc {
+    pub app: Arc<App>,
+}
+
+/// `seckill.v1.AdminService`.
+#[derive(Clone)]
+pub struct AdminSvc {
+    pub app: Arc<App>,
+}
+
+#[tonic::async_trait]
+impl StockService for StockSvc {
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id, s = req.get_ref().item_id))]
+    async fn reserve(
+        &self,
+        req: Request<pb::ReserveRequest>,
+    ) -> Result<Response<pb::ReserveResponse>, Status> {
+        let r = req.into_inner();
+        let a = positive_id("activity_id", r.activity_id)?;
+        let s = positive_id("item_id", r.item_id)?;
+        let user = UserId::parse("user_id", &r.user_id)?;
+        let request = RequestId::parse("request_id", &r.request_id)?;
+        let (outcome, window) = self.app.reserve(a, s, &user, &request).await?;
+        let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
+        use pb::ReserveOutcome as O;
+        let (outcome, reservation_id, remaining_hint) = match outcome {
+            Reserve::Reserved {
+                reservation_id,
+                remaining_hint,
+                ..
+            } => (O::Reserved, reservation_id, remaining_hint),
+            Reserve::Duplicate {
+                reservation_id,
+                remaining_hint,
+            } => (O::Duplicate, reservation_id, remaining_hint),
+            Reserve::SoldOut => (O::SoldOut, String::new(), 0),
+            Reserve::NotStarted => (O::NotStarted, String::new(), 0),
+            Reserve::Ended => (O::Ended, String::new(), 0),
+            Reserve::NotFound => (O::NotFound, String::new(), 0),
+        };
+        Ok(Response::new(pb::ReserveResponse {
+            outcome: outcome as i32,
+            reservation_id,
+            remaining_hint,
+            start_at_ms,
+            end_at_ms,
+        }))
+    }
+
+    #[instrument(skip_all, fields(rid = %req.get_ref().reservation_id))]
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let r = req.into_inner();
+        let user = UserId::parse("user_id", &r.user_id)?;
+        if r.reservation_id.is_empty() {
+            return Err(invalid("reservation_id", "must not be empty").into());
+        }
+        if r.reason.len() > 64 {
+            return Err(invalid("reason", "must be at most 64 bytes").into());
+        }
+        let outcome = match self.app.release(&r.reservation_id, &user).await? {
+            Release::Released => pb::ReleaseOutcome::Released,
+            Release::NotHeld => pb::ReleaseOutcome::NotHeld,
+        };
+        tracing::debug!(reason = %r.reason, ?outcome, "release");
+        Ok(Response::new(pb::ReleaseResponse {
+            outcome: outcome as i32,
+        }))
+    }
+
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id, s = req.get_ref().item_id))]
+    async fn get_stock(
+        &self,
+        req: Request<pb::GetStockRequest>,
+    ) -> Result<Response<pb::GetStockResponse>, Status> {
+        let r = req.into_inner();
+        let a = positive_id("activity_id", r.activity_id)?;
+        let s = positive_id("item_id", r.item_id)?;
+        Ok(Response::new(self.app.get_stock(a, s).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminSvc {
+    #[instrument(skip_all, fields(title = %req.get_ref().title))]
+    async fn create_activity(
+        &self,
+        req: Request<pb::CreateActivityRequest>,
+    ) -> Result<Response<pb::Activity>, Status> {
+        Ok(Response::new(
+            self.app.create_activity(req.get_ref()).await?,
+        ))
+    }
+
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id))]
+    async fn get_activity(
+        &self,
+        req: Request<pb::GetActivityRequest>,
+    ) -> Result<Response<pb::Activity>, Status> {
+        let a = positive_id("activity_id", req.get_ref().activity_id)?;
+        Ok(Response::new(self.app.get_activity(a).await?))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_activities(
+        &self,
+        req: Request<pb::ListActivitiesRequest>,
+    ) -> Result<Response<pb::ListActivitiesResponse>, Status> {
+        let activities = self.app.list_activities(req.get_ref().current_only).await?;
+        Ok(Response::new(pb::ListActivitiesResponse { activities }))
+    }
+
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id, at = req.get_ref().publish_at_ms))]
+    async fn publish_activity(
+        &self,
+        req: Request<pb::PublishActivityRequest>,
+    ) -> Result<Response<pb::PublishActivityResponse>, Status> {
+        let r = req.into_inner();
+        let a = positive_id("activity_id", r.activity_id)?;
+        let (activity, warmed) = self.app.publish(a, r.publish_at_ms).await?;
+        Ok(Response::new(pb::PublishActivityResponse {
+            activity: Some(activity),
+            warmed,
+        }))
+    }
+
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id))]
+    async fn get_activity_status(
+        &self,
+        req: Request<pb::GetActivityStatusRequest>,
+    ) -> Result<Response<pb::ActivityStatusResponse>, Status> {
+        let a = positive_id("activity_id", req.get_ref().activity_id)?;
+        Ok(Response::new(self.app.activity_status(a).await?))
+    }
+
+    #[instrument(skip_all, fields(a = req.get_ref().activity_id, s = req.get_ref().item_id, repair = req.get_ref().repair))]
+    async fn reconcile(
+        &self,
+        req: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        let r = req.into_inner();
+        let a = positive_id("activity_id", r.activity_id)?;
+        let items = self.app.reconcile(a, r.item_id, r.repair).await?;
+        Ok(Response::new(pb::ReconcileResponse { items }))
+    }
+
+    #[instrument(skip_all, fields(cidr = %req.get_ref().cidr))]
+    async fn ban_ip(
+        &self,
+        req: Request<pb::BanIpRequest>,
+    ) -> Result<Response<pb::BanIpResponse>, Status> {
+        let r = req.into_inner();
+        self.app.ban(&r.cidr, r.ttl_secs, &r.reason).await?;
+        Ok(Response::new(pb::BanIpResponse {}))
+    }
+
+    #[instrument(skip_all, fields(cidr = %req.get_ref().cidr))]
+    async fn unban_ip(
+        &self,
+        req: Request<pb::UnbanIpRequest>,
+    ) -> Result<Response<pb::UnbanIpResponse>, Status> {
+        let removed = self.app.unban(&req.get_ref().cidr).await?;
+        Ok(Response::new(pb::UnbanIpResponse { removed }))
+    }
+
+    #[instrument(skip_all)]
+    async fn list_bans(
+        &self,
+        _req: Request<pb::ListBansRequest>,
+    ) -> Result<Response<pb::ListBansResponse>, Status> {
+        Ok(Response::new(pb::ListBansResponse {
+            bans: self.app.list_bans().await?,
+        }))
+    }
+}

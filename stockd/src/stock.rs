@@ -1,0 +1,467 @@
+//! The hot path: Reserve (one Lua call on the user's home shard, rebalancing when
+//! the home shard is empty), Release, and sold-out publication.
+//!
+//! Rebalancing: when the home shard answers SOLD_OUT, stockd scans the other shards
+//! from a rotating offset, `TAKE`s up to `stock.rebalance_batch` units from the first
+//! donor that has some, `GIVE`s them to the home shard and reserves again, at most
+//! `stock.rebalance_attempts` times. A take is a decrement on the donor; a give is an
+//! increment on the home shard; a crash between them loses units (undersell,
+//! repaired by recompute) and never creates one. When a full scan finds every shard
+//! empty, the item is sold out: `SET sk:{a}:soldout:<s>` and a message on
+//! `sk:soldout`; a release that returns a unit clears both.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use seckill_lua::keys;
+use seckill_lua::messages::SoldOut;
+use seckill_lua::scripts::{self, reserve_outcome};
+use seckill_lua::{home_shard, ReservationId};
+
+use crate::app::App;
+use crate::catalog::ActivityEntry;
+use crate::domain::{now_ms, RequestId, UserId};
+use crate::error::{invalid, Error, Result};
+use crate::redis::{array, int, text};
+
+/// What Reserve answers. Business outcomes, not errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserve {
+    /// A unit is held. `retry`: the same request id had already reserved it.
+    Reserved {
+        reservation_id: String,
+        remaining_hint: i64,
+        retry: bool,
+    },
+    /// The user holds a unit under another request id.
+    Duplicate {
+        reservation_id: String,
+        remaining_hint: i64,
+    },
+    SoldOut,
+    NotStarted,
+    Ended,
+    NotFound,
+}
+
+impl Reserve {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Reserved { retry: false, .. } => "reserved",
+            Self::Reserved { retry: true, .. } => "retry",
+            Self::Duplicate { .. } => "duplicate",
+            Self::SoldOut => "sold_out",
+            Self::NotStarted => "not_started",
+            Self::Ended => "ended",
+            Self::NotFound => "not_found",
+        }
+    }
+}
+
+/// What Release answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    Released,
+    NotHeld,
+}
+
+/// One answer of the reserve script.
+enum Script {
+    Reserved(String, i64),
+    Retry(String, i64),
+    Duplicate(String, i64),
+    SoldOut,
+    Lost,
+}
+
+/// One rebalancing move's result.
+enum Step {
+    /// The donor had nothing.
+    Empty,
+    /// Units went from the donor to the home shard.
+    Moved,
+    /// A shard's state is gone; a recompute was started.
+    Lost,
+}
+
+impl App {
+    /// Reserve one unit of `item` for `user`. The window (start, end) of the activity
+    /// is returned with the outcome when the activity is known.
+    pub async fn reserve(
+        self: &Arc<Self>,
+        activity: u64,
+        item: u64,
+        user: &UserId,
+        request: &RequestId,
+    ) -> Result<(Reserve, Option<(i64, i64)>)> {
+        let started = Instant::now();
+        let out = self.reserve_inner(activity, item, user, request).await;
+        self.metrics
+            .reserve_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let label = match &out {
+            Ok((r, _)) => r.label(),
+            Err(Error::InvalidArgument { .. }) => "invalid",
+            Err(_) => "unavailable",
+        };
+        self.metrics.reservations.with_label_values(&[label]).inc();
+        out
+    }
+
+    async fn reserve_inner(
+        self: &Arc<Self>,
+        activity: u64,
+        item: u64,
+        user: &UserId,
+        request: &RequestId,
+    ) -> Result<(Reserve, Option<(i64, i64)>)> {
+        let Some(entry) = self.catalog.get(activity) else {
+            if !self.catalog.is_loaded() {
+                return Err(Error::Unavailable("activities not loaded yet".into()));
+            }
+            return Ok((Reserve::NotFound, None));
+        };
+        let window = Some((entry.start_ms(), entry.end_ms()));
+        let Some(item_entry) = entry.items.get(&item) else {
+            return Ok((Reserve::NotFound, window));
+        };
+        let now = now_ms();
+        if now < entry.start_ms() {
+            return Ok((Reserve::NotStarted, window));
+        }
+        if now >= entry.end_ms() {
+            return Ok((Reserve::Ended, window));
+        }
+        if !entry.is_available() {
+            return Err(Error::Unavailable(format!(
+                "activity {activity} is being rebuilt from MySQL; retry shortly"
+            )));
+        }
+        let shards = entry.shards();
+        let home = home_shard(user.as_str(), shards);
+        let attempts = self.config.stock.rebalance_attempts;
+        let mut moved = false;
+        for attempt in 0..=attempts {
+            match self
+                .reserve_script(activity, item, home, user, request, now)
+                .await?
+            {
+                Script::Reserved(rid, left) => {
+                    if left == 0 {
+                        self.spawn_sold_out_check(&entry, item);
+                    } else if moved {
+                        // Units moved here while another call may have declared the
+                        // item sold out from a scan that missed them in transit.
+                        if let Err(e) = self.clear_sold_out(activity, item).await {
+                            tracing::warn!(activity, item, error = %e, "cannot clear sold-out");
+                        }
+                    }
+                    return Ok((
+                        Reserve::Reserved {
+                            reservation_id: rid,
+                            remaining_hint: left,
+                            retry: false,
+                        },
+                        window,
+                    ));
+                }
+                Script::Retry(rid, left) => {
+                    return Ok((
+                        Reserve::Reserved {
+                            reservation_id: rid,
+                            remaining_hint: left,
+                            retry: true,
+                        },
+                        window,
+                    ))
+                }
+                Script::Duplicate(rid, left) => {
+                    return Ok((
+                        Reserve::Duplicate {
+                            reservation_id: rid,
+                            remaining_hint: left,
+                        },
+                        window,
+                    ))
+                }
+                Script::Lost => {
+                    self.trigger_recompute(&entry, "fence missing at reserve");
+                    return Err(Error::Unavailable(format!(
+                        "activity {activity} lost its Redis state; rebuilding from MySQL"
+                    )));
+                }
+                Script::SoldOut => {
+                    if attempt == attempts {
+                        break;
+                    }
+                    if shards == 1 || self.redis.exists(keys::sold_out(activity, item)).await? {
+                        return Ok((Reserve::SoldOut, window));
+                    }
+                    match self.rebalance(&entry, item, home).await? {
+                        Moved::Units => {
+                            moved = true;
+                            continue;
+                        }
+                        Moved::Nothing => {
+                            // Units may be in transit between a take and a give of
+                            // another call: look again before declaring it sold out.
+                            let left = self.shard_stock(activity, item, shards).await?;
+                            if left.iter().any(|&n| n > 0) {
+                                continue;
+                            }
+                            self.mark_sold_out(activity, item).await?;
+                            return Ok((Reserve::SoldOut, window));
+                        }
+                    }
+                }
+            }
+        }
+        // Out of attempts while donors still had units: a false sold-out.
+        item_entry.false_sold_out.fetch_add(1, Ordering::Relaxed);
+        self.metrics.false_sold_out.inc();
+        Ok((Reserve::SoldOut, window))
+    }
+
+    async fn reserve_script(
+        &self,
+        a: u64,
+        s: u64,
+        shard: u32,
+        user: &UserId,
+        request: &RequestId,
+        now: i64,
+    ) -> Result<Script> {
+        let keys = vec![
+            keys::fence(a, shard),
+            keys::stock(a, shard, s),
+            keys::buyers(a, shard, s),
+            keys::orders_stream(a, shard),
+            keys::seq(a, shard),
+        ];
+        let args = vec![
+            a.to_string(),
+            s.to_string(),
+            shard.to_string(),
+            user.as_str().to_string(),
+            request.as_str().to_string(),
+            now.to_string(),
+        ];
+        let parts = array(self.redis.eval(&scripts::RESERVE, keys, args).await?)?;
+        if parts.len() != 3 {
+            return Err(Error::Internal(format!("reserve answered {parts:?}")));
+        }
+        let rid = text(&parts[1]);
+        let left = int(&parts[2])?;
+        Ok(match text(&parts[0]).as_str() {
+            reserve_outcome::RESERVED => Script::Reserved(rid, left),
+            reserve_outcome::RETRY => Script::Retry(rid, left),
+            reserve_outcome::DUPLICATE => Script::Duplicate(rid, left),
+            reserve_outcome::SOLD_OUT => Script::SoldOut,
+            reserve_outcome::LOST => Script::Lost,
+            other => return Err(Error::Internal(format!("reserve answered {other}"))),
+        })
+    }
+
+    /// Moves up to `rebalance_batch` units from the first donor shard that has some
+    /// to `home`.
+    async fn rebalance(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        item: u64,
+        home: u32,
+    ) -> Result<Moved> {
+        let a = entry.id();
+        let shards = entry.shards();
+        let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
+        for k in 0..shards {
+            let donor = (start.wrapping_add(k)) % shards;
+            if donor == home {
+                continue;
+            }
+            // The move runs in a task of its own: when the caller goes away (a client
+            // deadline drops this future) between the take and the give, the give still
+            // happens instead of the taken units vanishing.
+            let task =
+                tokio::spawn(Arc::clone(self).move_units(Arc::clone(entry), item, donor, home));
+            let step = task
+                .await
+                .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
+            match step {
+                Step::Empty => continue,
+                Step::Moved => return Ok(Moved::Units),
+                Step::Lost => {
+                    return Err(Error::Unavailable(format!(
+                        "activity {a} lost its Redis state; rebuilding from MySQL"
+                    )))
+                }
+            }
+        }
+        Ok(Moved::Nothing)
+    }
+
+    /// One move of up to `stock.rebalance_batch` units from `donor` to `home`: TAKE
+    /// on the donor, then GIVE on the home shard. Run as a task of its own (see
+    /// [`Self::rebalance`]).
+    async fn move_units(
+        self: Arc<Self>,
+        entry: Arc<ActivityEntry>,
+        item: u64,
+        donor: u32,
+        home: u32,
+    ) -> Result<Step> {
+        let a = entry.id();
+        let batch = self.config.stock.rebalance_batch.to_string();
+        let taken = int(&self
+            .redis
+            .eval(
+                &scripts::TAKE,
+                vec![keys::fence(a, donor), keys::stock(a, donor, item)],
+                vec![batch],
+            )
+            .await?)?;
+        if taken < 0 {
+            self.trigger_recompute(&entry, "fence missing at take");
+            return Ok(Step::Lost);
+        }
+        if taken == 0 {
+            return Ok(Step::Empty);
+        }
+        let given = int(&self
+            .redis
+            .eval(
+                &scripts::GIVE,
+                vec![keys::fence(a, home), keys::stock(a, home, item)],
+                vec![taken.to_string()],
+            )
+            .await?)?;
+        if given < 0 {
+            // The units are lost (undersell) until the recompute restores them.
+            self.trigger_recompute(&entry, "fence missing at give");
+            return Ok(Step::Lost);
+        }
+        self.metrics.rebalance_units.inc_by(taken as u64);
+        tracing::debug!(a, item, donor, home, taken, "moved units");
+        Ok(Step::Moved)
+    }
+
+    /// Sets the sold-out key and announces it when this call set it.
+    pub(crate) async fn mark_sold_out(&self, a: u64, s: u64) -> Result<()> {
+        if self.redis.set_nx(keys::sold_out(a, s), "1").await? {
+            tracing::info!(a, s, "sold out");
+            self.redis
+                .publish(
+                    keys::SOLD_OUT_CHANNEL,
+                    SoldOut {
+                        activity: a,
+                        item: s,
+                        sold_out: true,
+                    }
+                    .encode(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Clears the sold-out key and announces it when this call cleared it.
+    pub(crate) async fn clear_sold_out(&self, a: u64, s: u64) -> Result<()> {
+        if self.redis.del(keys::sold_out(a, s)).await? {
+            tracing::info!(a, s, "back in stock");
+            self.redis
+                .publish(
+                    keys::SOLD_OUT_CHANNEL,
+                    SoldOut {
+                        activity: a,
+                        item: s,
+                        sold_out: false,
+                    }
+                    .encode(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Units per shard (a missing key counts as 0).
+    pub(crate) async fn shard_stock(&self, a: u64, s: u64, shards: u32) -> Result<Vec<i64>> {
+        let futs = (0..shards).map(|i| self.redis.get_i64(keys::stock(a, i, s)));
+        futures::future::try_join_all(futs)
+            .await
+            .map(|v| v.into_iter().map(|x| x.unwrap_or(0)).collect())
+    }
+
+    /// After a reservation emptied its shard: when every shard is empty, the item is
+    /// sold out. Off the hot path.
+    fn spawn_sold_out_check(self: &Arc<Self>, entry: &Arc<ActivityEntry>, item: u64) {
+        let app = self.clone();
+        let (a, shards) = (entry.id(), entry.shards());
+        tokio::spawn(async move {
+            let check = async {
+                let stock = app.shard_stock(a, item, shards).await?;
+                if stock.iter().all(|&n| n <= 0) {
+                    app.mark_sold_out(a, item).await?;
+                }
+                Ok::<_, Error>(())
+            };
+            if let Err(e) = check.await {
+                tracing::warn!(a, item, error = %e, "sold-out check failed");
+            }
+        });
+    }
+
+    /// Give a reserved unit back, only while the buyer record still names it.
+    pub async fn release(&self, reservation: &str, user: &UserId) -> Result<Release> {
+        let rid: ReservationId =
+            reservation
+                .parse()
+                .map_err(|e: seckill_lua::ids::BadReservationId| {
+                    invalid("reservation_id", e.to_string())
+                })?;
+        if let Some(entry) = self.catalog.get(rid.activity) {
+            if rid.shard >= entry.shards() {
+                return Err(invalid(
+                    "reservation_id",
+                    "shard out of range for the activity",
+                ));
+            }
+        }
+        let (a, s, i) = (rid.activity, rid.item, rid.shard);
+        let parts = array(
+            self.redis
+                .eval(
+                    &scripts::RELEASE,
+                    vec![keys::stock(a, i, s), keys::buyers(a, i, s)],
+                    vec![
+                        user.as_str().to_string(),
+                        reservation.to_string(),
+                        "1".into(),
+                    ],
+                )
+                .await?,
+        )?;
+        let outcome = match parts.first().map(text).as_deref() {
+            Some("RELEASED") => Release::Released,
+            Some("NOT_HELD") => Release::NotHeld,
+            other => return Err(Error::Internal(format!("release answered {other:?}"))),
+        };
+        self.metrics
+            .releases
+            .with_label_values(&[match outcome {
+                Release::Released => "released",
+                Release::NotHeld => "not_held",
+            }])
+            .inc();
+        if outcome == Release::Released {
+            if let Err(e) = self.clear_sold_out(a, s).await {
+                tracing::warn!(a, s, error = %e, "cannot clear the sold-out flag");
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+enum Moved {
+    Units,
+    Nothing,
+}
