@@ -1,0 +1,137 @@
+//! The background loops besides the consumers, each stopping on shutdown:
+//!
+//! - [`timeout_sweep`]: pending orders past their deadline → `CANCELLED`, the unit
+//!   back in MySQL (same transaction) and an outbox row for Redis.
+//! - [`outbox_relay`]: outbox rows → the RELEASE script, straight against Redis (no
+//!   dependency on stockd being up), then the row is marked done. Exactly once: a
+//!   crash between release and mark repeats the release, which then finds no buyer
+//!   record naming the reservation (`NOT_HELD`) and changes nothing.
+//! - [`stats`]: orders-by-state and dead-letter gauges, every 5 s.
+
+use std::time::Duration;
+
+use seckill_lua::ReservationId;
+use seckill_proto::shutdown::Shutdown;
+
+use crate::db::{Db, OutboxRow};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::model::{ReturnReason, Status};
+use crate::redis::{Redis, Release};
+
+async fn pause(d: Duration, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => !shutdown.is_fired(),
+        _ = shutdown.clone().wait() => false,
+    }
+}
+
+/// Cancels expired pending orders every `every` until shutdown.
+pub async fn timeout_sweep(db: Db, metrics: Metrics, every: Duration, shutdown: Shutdown) {
+    loop {
+        loop {
+            match db.expire_due(500).await {
+                Ok(rows) if rows.is_empty() => break,
+                Ok(rows) => {
+                    metrics.timeouts.inc_by(rows.len() as u64);
+                    tracing::info!(orders = rows.len(), "payment deadline passed; cancelled");
+                    if shutdown.is_fired() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "timeout sweep failed");
+                    break;
+                }
+            }
+        }
+        if !pause(every, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Relays the stock-return outbox every `every` until shutdown.
+pub async fn outbox_relay(
+    db: Db,
+    redis: Redis,
+    metrics: Metrics,
+    every: Duration,
+    batch: u32,
+    shutdown: Shutdown,
+) {
+    loop {
+        match relay_once(&db, &redis, &metrics, batch).await {
+            Ok(n) if n as u32 == batch => continue,
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "outbox relay pass failed"),
+        }
+        if !pause(every, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// One pass over pending outbox rows; returns how many it handled.
+pub async fn relay_once(db: &Db, redis: &Redis, metrics: &Metrics, batch: u32) -> Result<usize> {
+    let rows = db.pending_returns(batch).await?;
+    let n = rows.len();
+    for row in rows {
+        match relay_row(redis, &row).await {
+            Ok(outcome) => {
+                metrics.stock_returns.with_label_values(&[outcome]).inc();
+                db.mark_returned(row.id).await?;
+            }
+            Err(e) => {
+                tracing::warn!(order = %row.order_id, error = %e, "stock return to Redis failed; will retry");
+                db.mark_return_failed(row.id, &e.to_string()).await?;
+            }
+        }
+    }
+    Ok(n)
+}
+
+async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
+    let rid: ReservationId = row
+        .order_id
+        .parse()
+        .map_err(|_| Error::Internal(format!("outbox order id {:?}", row.order_id)))?;
+    let reason = ReturnReason::parse(&row.reason)
+        .ok_or_else(|| Error::Internal(format!("outbox reason {:?}", row.reason)))?;
+    match redis
+        .release(&rid, &row.user_id, reason.returns_unit())
+        .await?
+    {
+        Release::Released { .. } if reason.returns_unit() => {
+            redis.clear_sold_out(row.activity_id, row.item_id).await?;
+            Ok("released")
+        }
+        Release::Released { .. } => Ok("buyer_dropped"),
+        Release::NotHeld => Ok("not_held"),
+    }
+}
+
+/// Refreshes the orders-by-state and dead-letter gauges every 5 s.
+pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
+    loop {
+        if let Ok(rows) = db.count_by_state().await {
+            for s in Status::ALL {
+                let n = rows
+                    .iter()
+                    .find(|(k, _)| k == s.as_str())
+                    .map(|(_, n)| *n)
+                    .unwrap_or(0);
+                metrics
+                    .orders_by_state
+                    .with_label_values(&[s.as_str()])
+                    .set(n);
+            }
+        }
+        if let Ok(n) = db.unreplayed_dead_letters().await {
+            metrics.dead_letters.set(n as i64);
+        }
+        if !pause(Duration::from_secs(5), &shutdown).await {
+            return;
+        }
+    }
+}

@@ -1,0 +1,545 @@
+//! orderd's config file (`deploy/local/orderd.toml`), loaded by
+//! [`seckill_proto::config::load`]: TOML, then `ORDERD__SECTION__FIELD` environment
+//! overrides, then [`Validate`]. Unknown keys are errors. Every field is documented
+//! with its meaning, unit and default; `docs/orderd.md` repeats them.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Duration;
+
+use seckill_proto::config::{
+    ensure, ensure_host_port, ensure_nodes, ConfigError, FieldError, Validate,
+};
+
+/// Environment override prefix: `ORDERD__MYSQL__URL=mysql://...`.
+pub const ENV_PREFIX: &str = "ORDERD";
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The gRPC port (OrderService, health, reflection).
+    pub grpc: GrpcConfig,
+    /// The loopback admin port (`/metrics`, `/healthz`). Optional; default none.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// Redis Cluster endpoints and timeouts.
+    pub redis: RedisConfig,
+    /// MySQL (MariaDB), the record of orders and stock.
+    pub mysql: MysqlConfig,
+    /// Stream consumers: batching, claiming, dead letters, back-off.
+    #[serde(default)]
+    pub consumer: ConsumerConfig,
+    /// Payment: deadline, timeout sweep, provider callback check, dev path.
+    pub payment: PaymentConfig,
+    /// The stock-return outbox relay.
+    #[serde(default)]
+    pub outbox: OutboxConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[grpc]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Listen address, `host:port`. Default `127.0.0.1:50052`.
+    #[serde(default = "default_grpc_listen")]
+    pub listen: String,
+    /// Bearer token every OrderService call must carry. Required, non-empty, never
+    /// logged.
+    pub service_token: String,
+    /// How long in-flight calls and the batch in hand may finish after a shutdown
+    /// signal, in ms. Default 5000.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
+    /// Longest life of one `WatchOrder` stream, in seconds; it ends earlier on a
+    /// final state. Default 300.
+    #[serde(default = "default_watch_max_secs")]
+    pub watch_max_secs: u64,
+    /// How often a `WatchOrder` stream re-reads the order, in ms. Default 200.
+    #[serde(default = "default_watch_poll_ms")]
+    pub watch_poll_ms: u64,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address of `/metrics` and `/healthz`, `host:port` (keep it on
+    /// loopback). Default: none (no admin port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+/// `[redis]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
+    pub nodes: Vec<String>,
+    /// Deadline of one Redis command, in ms. Default 1000.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Deadline of connecting to a node, in ms. Default 2000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+/// `[mysql]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// `mysql://user:password@host:port/database`. Required; never logged.
+    pub url: String,
+    /// Largest number of pooled connections. Default 16.
+    #[serde(default = "default_pool_max")]
+    pub pool_max: u32,
+    /// How long to wait for a pooled connection (and to connect), in ms. Default 2000.
+    #[serde(default = "default_acquire_timeout_ms")]
+    pub acquire_timeout_ms: u64,
+}
+
+/// `[consumer]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Consumer group on every `sk:{a:i}:orders` stream. Default `orderd`.
+    #[serde(default = "default_group")]
+    pub group: String,
+    /// This process's consumer name in the group. Default `<hostname>-<pid>`, so a
+    /// restarted process is a new consumer and its predecessor's pending entries are
+    /// claimed after `claim_idle_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Entries read per stream per batch (one MySQL transaction). Default 500.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u64,
+    /// How long a consumer waits before polling an empty stream again, in ms.
+    /// Default 50. (Reads do not use `BLOCK`: a blocked read would hold the shared
+    /// connection to that node.)
+    #[serde(default = "default_block_ms")]
+    pub block_ms: u64,
+    /// Entries pending (delivered, not acknowledged) longer than this, in ms, are
+    /// claimed with `XAUTOCLAIM` and retried: a dead consumer's, or one that failed.
+    /// Default 30000.
+    #[serde(default = "default_claim_idle_ms")]
+    pub claim_idle_ms: u64,
+    /// An entry delivered more than this many times goes to the dead letters
+    /// (`dead_letters` table and `sk:dlq` stream). Default 5.
+    #[serde(default = "default_max_deliveries")]
+    pub max_deliveries: u64,
+    /// First back-off after a failed batch (MySQL or Redis down), in ms; doubled
+    /// per failure up to `backoff_cap_ms`. Default 100.
+    #[serde(default = "default_backoff_base_ms")]
+    pub backoff_base_ms: u64,
+    /// Longest back-off, in ms. Default 5000.
+    #[serde(default = "default_backoff_cap_ms")]
+    pub backoff_cap_ms: u64,
+    /// How often published activities are re-read from MySQL to find new streams,
+    /// in ms. Default 2000.
+    #[serde(default = "default_discovery_ms")]
+    pub discovery_interval_ms: u64,
+}
+
+/// `[payment]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentConfig {
+    /// Time an order may stay unpaid before it is cancelled and its unit returned,
+    /// in seconds. Default 900 (15 min).
+    #[serde(default = "default_timeout_secs")]
+    pub timeout_secs: u64,
+    /// How often the timeout sweep looks for expired pending orders, in ms.
+    /// Default 1000.
+    #[serde(default = "default_sweep_ms")]
+    pub sweep_interval_ms: u64,
+    /// HMAC-SHA256 secret the payment provider signs callbacks with. Required,
+    /// at least 16 bytes; never logged.
+    pub callback_secret: String,
+    /// A callback whose `timestamp_ms` is further than this from now is refused as
+    /// stale, in seconds. Default 300.
+    #[serde(default = "default_freshness_secs")]
+    pub freshness_window_secs: u64,
+    /// Whether `Pay` (the dev payment path, no provider) is served. Default false.
+    #[serde(default)]
+    pub dev_pay_enabled: bool,
+}
+
+/// `[outbox]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// How often the relay returns pending stock-return rows to Redis, in ms.
+    /// Default 200.
+    #[serde(default = "default_relay_ms")]
+    pub relay_interval_ms: u64,
+    /// Rows relayed per pass. Default 200.
+    #[serde(default = "default_relay_batch")]
+    pub relay_batch: u32,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// JSON lines instead of text. Default false.
+    #[serde(default)]
+    pub json: bool,
+}
+
+fn default_grpc_listen() -> String {
+    "127.0.0.1:50052".into()
+}
+fn default_drain_ms() -> u64 {
+    5000
+}
+fn default_watch_max_secs() -> u64 {
+    300
+}
+fn default_watch_poll_ms() -> u64 {
+    200
+}
+fn default_redis_timeout_ms() -> u64 {
+    1000
+}
+fn default_connect_timeout_ms() -> u64 {
+    2000
+}
+fn default_pool_max() -> u32 {
+    16
+}
+fn default_acquire_timeout_ms() -> u64 {
+    2000
+}
+fn default_group() -> String {
+    "orderd".into()
+}
+fn default_batch_size() -> u64 {
+    500
+}
+fn default_block_ms() -> u64 {
+    50
+}
+fn default_claim_idle_ms() -> u64 {
+    30_000
+}
+fn default_max_deliveries() -> u64 {
+    5
+}
+fn default_backoff_base_ms() -> u64 {
+    100
+}
+fn default_backoff_cap_ms() -> u64 {
+    5000
+}
+fn default_discovery_ms() -> u64 {
+    2000
+}
+fn default_timeout_secs() -> u64 {
+    900
+}
+fn default_sweep_ms() -> u64 {
+    1000
+}
+fn default_freshness_secs() -> u64 {
+    300
+}
+fn default_relay_ms() -> u64 {
+    200
+}
+fn default_relay_batch() -> u32 {
+    200
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            group: default_group(),
+            name: None,
+            batch_size: default_batch_size(),
+            block_ms: default_block_ms(),
+            claim_idle_ms: default_claim_idle_ms(),
+            max_deliveries: default_max_deliveries(),
+            backoff_base_ms: default_backoff_base_ms(),
+            backoff_cap_ms: default_backoff_cap_ms(),
+            discovery_interval_ms: default_discovery_ms(),
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            relay_interval_ms: default_relay_ms(),
+            relay_batch: default_relay_batch(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path` with `ORDERD__*` overrides from the environment, validated.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        seckill_proto::config::load(path, ENV_PREFIX)
+    }
+
+    /// Loads from text (tests), with overrides from `env`.
+    pub fn load_str(
+        text: &str,
+        origin: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        seckill_proto::config::load_str(text, origin, ENV_PREFIX, env)
+    }
+
+    /// A config for tests: port 0 (the caller binds), the given Redis nodes, MySQL
+    /// URL and service token; dev pay on; short claim, sweep and relay intervals.
+    pub fn for_test(redis_nodes: Vec<String>, mysql_url: &str, token: &str) -> Self {
+        Self {
+            grpc: GrpcConfig {
+                listen: "127.0.0.1:0".into(),
+                service_token: token.into(),
+                drain_ms: 2000,
+                watch_max_secs: 60,
+                watch_poll_ms: 100,
+            },
+            admin: AdminConfig::default(),
+            redis: RedisConfig {
+                nodes: redis_nodes,
+                timeout_ms: 2000,
+                connect_timeout_ms: 2000,
+            },
+            mysql: MysqlConfig {
+                url: mysql_url.into(),
+                pool_max: 16,
+                acquire_timeout_ms: 2000,
+            },
+            consumer: ConsumerConfig {
+                name: Some(format!("test-{}", rand::random::<u32>())),
+                block_ms: 20,
+                claim_idle_ms: 2000,
+                backoff_base_ms: 50,
+                backoff_cap_ms: 1000,
+                discovery_interval_ms: 200,
+                ..ConsumerConfig::default()
+            },
+            payment: PaymentConfig {
+                timeout_secs: 900,
+                sweep_interval_ms: 100,
+                callback_secret: "test-callback-secret-0123456789".into(),
+                freshness_window_secs: 300,
+                dev_pay_enabled: true,
+            },
+            outbox: OutboxConfig {
+                relay_interval_ms: 50,
+                relay_batch: 200,
+            },
+            log: LogConfig::default(),
+        }
+    }
+
+    /// The config as a TOML file (tests write it for a child process).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the config serializes")
+    }
+
+    /// This process's consumer name: the configured one, or `<hostname>-<pid>`.
+    pub fn consumer_name(&self) -> String {
+        self.consumer.name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| "orderd".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    pub fn payment_timeout(&self) -> Duration {
+        Duration::from_secs(self.payment.timeout_secs)
+    }
+}
+
+impl Validate for Config {
+    fn validate(&self) -> Result<(), FieldError> {
+        ensure_host_port(&self.grpc.listen, "grpc.listen")?;
+        ensure(
+            !self.grpc.service_token.is_empty(),
+            "grpc.service_token",
+            "must not be empty",
+        )?;
+        ensure(
+            self.grpc
+                .service_token
+                .bytes()
+                .all(|b| b.is_ascii_graphic()),
+            "grpc.service_token",
+            "must be printable ASCII without spaces",
+        )?;
+        ensure(
+            self.grpc.watch_max_secs >= 1,
+            "grpc.watch_max_secs",
+            "must be at least 1",
+        )?;
+        ensure(
+            (10..=60_000).contains(&self.grpc.watch_poll_ms),
+            "grpc.watch_poll_ms",
+            "must be 10..=60000",
+        )?;
+        if let Some(listen) = &self.admin.listen {
+            ensure_host_port(listen, "admin.listen")?;
+        }
+        ensure_nodes(&self.redis.nodes, "redis.nodes")?;
+        ensure(
+            (1..=60_000).contains(&self.redis.timeout_ms),
+            "redis.timeout_ms",
+            "must be 1..=60000",
+        )?;
+        ensure(
+            (1..=60_000).contains(&self.redis.connect_timeout_ms),
+            "redis.connect_timeout_ms",
+            "must be 1..=60000",
+        )?;
+        ensure(
+            self.mysql.url.starts_with("mysql://"),
+            "mysql.url",
+            "must start with mysql://",
+        )?;
+        ensure(
+            (1..=1000).contains(&self.mysql.pool_max),
+            "mysql.pool_max",
+            "must be 1..=1000",
+        )?;
+        ensure(
+            self.mysql.acquire_timeout_ms >= 1,
+            "mysql.acquire_timeout_ms",
+            "must be at least 1",
+        )?;
+        let c = &self.consumer;
+        ensure(!c.group.is_empty(), "consumer.group", "must not be empty")?;
+        if let Some(name) = &c.name {
+            ensure(!name.is_empty(), "consumer.name", "must not be empty")?;
+        }
+        ensure(
+            (1..=10_000).contains(&c.batch_size),
+            "consumer.batch_size",
+            "must be 1..=10000",
+        )?;
+        ensure(
+            (1..=10_000).contains(&c.block_ms),
+            "consumer.block_ms",
+            "must be 1..=10000",
+        )?;
+        ensure(
+            c.claim_idle_ms >= 10,
+            "consumer.claim_idle_ms",
+            "must be at least 10",
+        )?;
+        ensure(
+            c.max_deliveries >= 1,
+            "consumer.max_deliveries",
+            "must be at least 1",
+        )?;
+        ensure(
+            c.backoff_base_ms >= 1,
+            "consumer.backoff_base_ms",
+            "must be at least 1",
+        )?;
+        ensure(
+            c.backoff_cap_ms >= c.backoff_base_ms,
+            "consumer.backoff_cap_ms",
+            "must be at least consumer.backoff_base_ms",
+        )?;
+        ensure(
+            c.discovery_interval_ms >= 10,
+            "consumer.discovery_interval_ms",
+            "must be at least 10",
+        )?;
+        let p = &self.payment;
+        ensure(
+            p.timeout_secs >= 1,
+            "payment.timeout_secs",
+            "must be at least 1",
+        )?;
+        ensure(
+            p.sweep_interval_ms >= 10,
+            "payment.sweep_interval_ms",
+            "must be at least 10",
+        )?;
+        ensure(
+            p.callback_secret.len() >= 16,
+            "payment.callback_secret",
+            "must be at least 16 bytes",
+        )?;
+        ensure(
+            p.freshness_window_secs >= 1,
+            "payment.freshness_window_secs",
+            "must be at least 1",
+        )?;
+        ensure(
+            self.outbox.relay_interval_ms >= 10,
+            "outbox.relay_interval_ms",
+            "must be at least 10",
+        )?;
+        ensure(
+            (1..=10_000).contains(&self.outbox.relay_batch),
+            "outbox.relay_batch",
+            "must be 1..=10000",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[grpc]
+service_token = "tok"
+[redis]
+nodes = ["127.0.0.1:7001"]
+[mysql]
+url = "mysql://root@127.0.0.1:3306/seckill"
+[payment]
+callback_secret = "0123456789abcdef"
+"#;
+
+    #[test]
+    fn a_minimal_file_loads_with_documented_defaults() {
+        let c = Config::load_str(GOOD, "o.toml", []).unwrap();
+        assert_eq!(c.grpc.listen, "127.0.0.1:50052");
+        assert_eq!(c.payment.timeout_secs, 900);
+        assert_eq!(c.consumer.group, "orderd");
+        assert!(!c.payment.dev_pay_enabled);
+        assert!(c
+            .consumer_name()
+            .ends_with(&format!("-{}", std::process::id())));
+    }
+
+    #[test]
+    fn a_short_callback_secret_is_refused_naming_the_field() {
+        let text = GOOD.replace("0123456789abcdef", "short");
+        let e = Config::load_str(&text, "o.toml", []).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "o.toml: payment.callback_secret: must be at least 16 bytes"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_are_validated() {
+        let env = [("ORDERD__CONSUMER__BATCH_SIZE".to_string(), "0".to_string())];
+        let e = Config::load_str(GOOD, "o.toml", env).unwrap_err();
+        assert!(e.to_string().contains("consumer.batch_size"), "{e}");
+    }
+
+    #[test]
+    fn the_test_config_is_valid() {
+        let c = Config::for_test(vec!["127.0.0.1:1".into()], "mysql://x@h/db", "t");
+        c.validate().unwrap();
+        let back = Config::load_str(&c.to_toml(), "t.toml", []).unwrap();
+        assert_eq!(back.mysql.url, c.mysql.url);
+    }
+}

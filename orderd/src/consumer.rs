@@ -1,0 +1,445 @@
+//! The stream consumers: reservations in Redis → orders in MySQL.
+//!
+//! [`discover`] reads the published activities from MySQL every
+//! `consumer.discovery_interval_ms`, makes sure the consumer group exists on each
+//! `sk:{a:i}:orders` stream, and runs one [`StreamConsumer`] per stream (each stream is
+//! one cluster slot, so one command per stream; the streams run concurrently).
+//!
+//! One pass of a stream consumer:
+//! 1. every `claim_idle_ms / 2`, `XAUTOCLAIM` entries idle longer than `claim_idle_ms`
+//!    (a dead consumer's, or ones that failed here); those delivered more than
+//!    `max_deliveries` times go to the dead letters;
+//! 2. otherwise `XREADGROUP ... >` up to `batch_size` new entries;
+//! 3. one MySQL transaction for the batch ([`Db::write_batch`]); while MySQL fails,
+//!    back off (exponential, capped) holding the batch and acknowledging nothing;
+//! 4. `XACK` + `XDEL` of every entry that is now an order (new, failed or already
+//!    there). Poison entries stay pending and come back through step 1.
+//!
+//! Acknowledged entries are deleted, so a stream's length is its backlog (the lag
+//! metric) and streams stay small.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use seckill_lua::keys;
+use seckill_proto::shutdown::Shutdown;
+use tokio::task::JoinSet;
+
+use crate::config::ConsumerConfig;
+use crate::db::{Db, Written};
+use crate::metrics::Metrics;
+use crate::model::Reservation;
+use crate::redis::{Entry, Redis};
+
+/// Everything a consumer needs; shared by all of them.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    pub db: Db,
+    pub redis: Redis,
+    pub cfg: ConsumerConfig,
+    pub consumer: String,
+    pub pay_timeout: Duration,
+    pub metrics: Metrics,
+    /// Last error of each failing entry (by entry id), for its dead letter.
+    pub errors: Arc<Mutex<HashMap<String, String>>>,
+}
+
+/// Exponential back-off with a cap and a little jitter.
+#[derive(Debug)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            next: base,
+        }
+    }
+
+    /// The wait before the next try; doubles up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        let jitter = rand::random::<u64>() % (d.as_millis() as u64 / 4 + 1);
+        d + Duration::from_millis(jitter)
+    }
+
+    pub fn reset(&mut self) {
+        self.next = self.base;
+    }
+}
+
+/// Sleeps `d` or until shutdown; false when shutting down.
+async fn pause(d: Duration, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => !shutdown.is_fired(),
+        _ = shutdown.clone().wait() => false,
+    }
+}
+
+/// Finds streams and runs their consumers until shutdown; returns after every
+/// consumer finished its batch in hand.
+pub async fn discover(ctx: Ctx, shutdown: Shutdown) {
+    let mut running: HashSet<String> = HashSet::new();
+    let mut tasks = JoinSet::new();
+    let every = Duration::from_millis(ctx.cfg.discovery_interval_ms);
+    loop {
+        match ctx.db.published_activities().await {
+            Ok(list) => {
+                for (a, shards) in list {
+                    for i in 0..shards {
+                        let stream = keys::orders_stream(a, i);
+                        if running.contains(&stream) {
+                            continue;
+                        }
+                        match ctx.redis.ensure_group(&stream, &ctx.cfg.group).await {
+                            Ok(()) => {
+                                tracing::info!(%stream, "consuming");
+                                running.insert(stream.clone());
+                                let c = StreamConsumer::new(ctx.clone(), stream);
+                                tasks.spawn(c.run(shutdown.clone()));
+                            }
+                            Err(e) => tracing::warn!(%stream, error = %e, "cannot create group"),
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read published activities"),
+        }
+        if !pause(every, &shutdown).await {
+            break;
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// The consumer of one stream.
+#[derive(Debug)]
+pub struct StreamConsumer {
+    ctx: Ctx,
+    stream: String,
+    backoff: Backoff,
+}
+
+impl StreamConsumer {
+    pub fn new(ctx: Ctx, stream: String) -> Self {
+        let backoff = Backoff::new(
+            Duration::from_millis(ctx.cfg.backoff_base_ms),
+            Duration::from_millis(ctx.cfg.backoff_cap_ms),
+        );
+        Self {
+            ctx,
+            stream,
+            backoff,
+        }
+    }
+
+    /// Runs until shutdown; the batch in hand is finished first.
+    pub async fn run(mut self, shutdown: Shutdown) {
+        let claim_every = Duration::from_millis((self.ctx.cfg.claim_idle_ms / 2).max(10));
+        let idle = Duration::from_millis(self.ctx.cfg.block_ms);
+        let mut last_claim: Option<Instant> = None;
+        let mut last_lag = Instant::now() - Duration::from_secs(10);
+        let lag = self
+            .ctx
+            .metrics
+            .stream_lag
+            .with_label_values(&[self.stream.as_str()]);
+        while !shutdown.is_fired() {
+            if last_lag.elapsed() >= Duration::from_secs(1) {
+                last_lag = Instant::now();
+                if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
+                    lag.set(n as i64);
+                }
+            }
+            let claim_due = last_claim.is_none_or(|t| t.elapsed() >= claim_every);
+            let read = if claim_due {
+                last_claim = Some(Instant::now());
+                self.ctx
+                    .redis
+                    .autoclaim(
+                        &self.stream,
+                        &self.ctx.cfg.group,
+                        &self.ctx.consumer,
+                        self.ctx.cfg.claim_idle_ms,
+                        self.ctx.cfg.batch_size,
+                    )
+                    .await
+                    .map(|e| (e, true))
+            } else {
+                self.ctx
+                    .redis
+                    .read_new(
+                        &self.stream,
+                        &self.ctx.cfg.group,
+                        &self.ctx.consumer,
+                        self.ctx.cfg.batch_size,
+                    )
+                    .await
+                    .map(|e| (e, false))
+            };
+            let (entries, claimed) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(stream = %self.stream, error = %e, "stream read failed");
+                    let d = self.backoff.next_delay();
+                    if !pause(d, &shutdown).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if entries.is_empty() {
+                if !claimed && !pause(idle, &shutdown).await {
+                    break;
+                }
+                continue;
+            }
+            self.process(entries, claimed, &shutdown).await;
+        }
+        tracing::debug!(stream = %self.stream, "consumer stopped");
+    }
+
+    /// Writes one batch and acknowledges it; retries (backing off) while MySQL or
+    /// Redis fail, until done or shutdown.
+    async fn process(&mut self, entries: Vec<Entry>, claimed: bool, shutdown: &Shutdown) {
+        let started = Instant::now();
+        let entries = if claimed {
+            match self.dead_letter_overdue(entries).await {
+                Some(rest) => rest,
+                None => return, // Redis or MySQL failed; the entries stay pending
+            }
+        } else {
+            entries
+        };
+        let mut parsed = Vec::with_capacity(entries.len());
+        let mut ids = Vec::with_capacity(entries.len());
+        let mut poison = Vec::new();
+        for e in &entries {
+            match Reservation::from_fields(&e.fields) {
+                Ok(r) => {
+                    parsed.push(r);
+                    ids.push(e.id.clone());
+                }
+                Err(why) => poison.push((e.id.clone(), why)),
+            }
+        }
+        let written = loop {
+            match self.ctx.db.write_batch(&parsed, self.ctx.pay_timeout).await {
+                Ok(w) => {
+                    self.backoff.reset();
+                    break w;
+                }
+                Err(e) => {
+                    self.ctx.metrics.batch_failures.inc();
+                    let d = self.backoff.next_delay();
+                    tracing::warn!(stream = %self.stream, error = %e, retry_ms = d.as_millis() as u64,
+                        "batch failed; backing off, nothing acknowledged");
+                    if !pause(d, shutdown).await {
+                        return;
+                    }
+                }
+            }
+        };
+        let mut ack = Vec::with_capacity(ids.len());
+        for (id, w) in ids.into_iter().zip(written) {
+            match w {
+                Written::Pending => {
+                    self.ctx
+                        .metrics
+                        .orders_written
+                        .with_label_values(&["PENDING"])
+                        .inc();
+                    ack.push(id);
+                }
+                Written::Failed(_) => {
+                    self.ctx
+                        .metrics
+                        .orders_written
+                        .with_label_values(&["FAILED"])
+                        .inc();
+                    ack.push(id);
+                }
+                Written::Already => ack.push(id),
+                Written::Poison(why) => poison.push((id, why)),
+            }
+        }
+        if !poison.is_empty() {
+            let mut errors = self.ctx.errors.lock().expect("errors lock");
+            for (id, why) in poison {
+                tracing::warn!(stream = %self.stream, entry = %id, error = %why, "entry cannot become an order yet");
+                errors.insert(id, why);
+            }
+        }
+        loop {
+            match self
+                .ctx
+                .redis
+                .ack_and_delete(&self.stream, &self.ctx.cfg.group, &ack)
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    // Written but not acknowledged: a redelivery finds the orders
+                    // already there, so giving up here is safe.
+                    let d = self.backoff.next_delay();
+                    tracing::warn!(stream = %self.stream, error = %e, "ack failed; retrying");
+                    if !pause(d, shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+        if !ack.is_empty() {
+            let mut errors = self.ctx.errors.lock().expect("errors lock");
+            for id in &ack {
+                errors.remove(id);
+            }
+        }
+        self.ctx.metrics.batch_size.observe(entries.len() as f64);
+        self.ctx
+            .metrics
+            .batch_seconds
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Moves claimed entries delivered more than `max_deliveries` times to the dead
+    /// letters (table, then `sk:dlq`, then ack); returns the rest. None when Redis or
+    /// MySQL failed (nothing acknowledged).
+    async fn dead_letter_overdue(&mut self, entries: Vec<Entry>) -> Option<Vec<Entry>> {
+        let min = entries
+            .iter()
+            .map(|e| e.id.as_str())
+            .min_by(|a, b| cmp_ids(a, b))?;
+        let max = entries
+            .iter()
+            .map(|e| e.id.as_str())
+            .max_by(|a, b| cmp_ids(a, b))?;
+        let counts = match self
+            .ctx
+            .redis
+            .deliveries(
+                &self.stream,
+                &self.ctx.cfg.group,
+                &self.ctx.consumer,
+                min,
+                max,
+                entries.len() as u64 * 2 + 10,
+            )
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(stream = %self.stream, error = %e, "XPENDING failed");
+                return None;
+            }
+        };
+        let (overdue, rest): (Vec<Entry>, Vec<Entry>) = entries
+            .into_iter()
+            .partition(|e| counts.get(&e.id).copied().unwrap_or(0) > self.ctx.cfg.max_deliveries);
+        for e in overdue {
+            let deliveries = counts.get(&e.id).copied().unwrap_or(0);
+            let last_error = self
+                .ctx
+                .errors
+                .lock()
+                .expect("errors lock")
+                .get(&e.id)
+                .cloned()
+                .unwrap_or_else(|| {
+                    "delivered repeatedly without being acknowledged (consumer died or failed)"
+                        .into()
+                });
+            let rid = e.fields.get("rid").cloned();
+            let payload = serde_json::to_string(&e.fields).unwrap_or_else(|_| "{}".into());
+            let saved = self
+                .ctx
+                .db
+                .insert_dead_letter(
+                    &self.stream,
+                    &e.id,
+                    rid.as_deref(),
+                    &payload,
+                    deliveries,
+                    &last_error,
+                )
+                .await;
+            if let Err(err) = saved {
+                tracing::warn!(stream = %self.stream, error = %err, "cannot record dead letter");
+                return None;
+            }
+            if let Err(err) = self
+                .ctx
+                .redis
+                .push_dead_letter(
+                    &self.stream,
+                    &e.id,
+                    rid.as_deref().unwrap_or(""),
+                    &last_error,
+                    deliveries,
+                )
+                .await
+            {
+                tracing::warn!(stream = %self.stream, error = %err, "cannot append to sk:dlq");
+                return None;
+            }
+            if let Err(err) = self
+                .ctx
+                .redis
+                .ack_and_delete(
+                    &self.stream,
+                    &self.ctx.cfg.group,
+                    std::slice::from_ref(&e.id),
+                )
+                .await
+            {
+                tracing::warn!(stream = %self.stream, error = %err, "cannot ack dead letter");
+                return None;
+            }
+            tracing::error!(stream = %self.stream, entry = %e.id, deliveries, error = %last_error,
+                "entry dead-lettered");
+            self.ctx.metrics.dead_letters_total.inc();
+            self.ctx.metrics.dead_letters.inc();
+            self.ctx.errors.lock().expect("errors lock").remove(&e.id);
+        }
+        Some(rest)
+    }
+}
+
+/// Orders stream ids `<ms>-<seq>` numerically.
+fn cmp_ids(a: &str, b: &str) -> std::cmp::Ordering {
+    let split = |s: &str| -> (u64, u64) {
+        let (ms, seq) = s.split_once('-').unwrap_or((s, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    };
+    split(a).cmp(&split(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_ids_compare_numerically() {
+        assert_eq!(cmp_ids("9-1", "10-0"), std::cmp::Ordering::Less);
+        assert_eq!(cmp_ids("10-2", "10-10"), std::cmp::Ordering::Less);
+        assert_eq!(cmp_ids("10-2", "10-2"), std::cmp::Ordering::Equal);
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(1000));
+        let waits: Vec<u64> = (0..6).map(|_| b.next_delay().as_millis() as u64).collect();
+        for (w, base) in waits.iter().zip([100, 200, 400, 800, 1000, 1000]) {
+            assert!((base..=base + base / 4).contains(w), "{waits:?}");
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(125));
+    }
+}

@@ -1,0 +1,77 @@
+//! orderd's one error type and its one mapping to gRPC status codes.
+//!
+//! Business outcomes (applied, already, conflict; sold out after all) are enums in
+//! [`crate::model`], not errors. Messages of infrastructure failures stay in the logs:
+//! the status says only "unavailable" or "internal".
+
+/// Everything that can fail in a request or a background loop.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input: the field and what is wrong with it.
+    #[error("{field}: {problem}")]
+    InvalidArgument {
+        field: &'static str,
+        problem: String,
+    },
+    /// No such order (or dead letter).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The order belongs to another user.
+    #[error("the order belongs to another user")]
+    PermissionDenied,
+    /// A payment callback whose signature does not match.
+    #[error("signature: does not match")]
+    BadSignature,
+    /// A provider reference already used for another order.
+    #[error("provider_ref: already used for another order")]
+    ReplayedCallback,
+    /// A request the current configuration refuses (dev payment disabled).
+    #[error("{0}")]
+    FailedPrecondition(&'static str),
+    /// MySQL failed (down, timed out, refused).
+    #[error("mysql: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] fred::error::Error),
+    /// A bug or an impossible state.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: &'static str, problem: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Result of orderd operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::InvalidArgument { .. } => tonic::Status::invalid_argument(e.to_string()),
+            Error::NotFound(_) => tonic::Status::not_found(e.to_string()),
+            Error::PermissionDenied => tonic::Status::permission_denied(e.to_string()),
+            Error::BadSignature => tonic::Status::unauthenticated(e.to_string()),
+            Error::ReplayedCallback => tonic::Status::already_exists(e.to_string()),
+            Error::FailedPrecondition(_) => tonic::Status::failed_precondition(e.to_string()),
+            Error::Db(err) => {
+                tracing::warn!(error = %err, "mysql error answered as UNAVAILABLE");
+                tonic::Status::unavailable("the order database is unavailable; retry")
+            }
+            Error::Redis(err) => {
+                tracing::warn!(error = %err, "redis error answered as UNAVAILABLE");
+                tonic::Status::unavailable("redis is unavailable; retry")
+            }
+            Error::Internal(msg) => {
+                tracing::error!(%msg, "internal error");
+                tonic::Status::internal("internal error")
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! orderd: reservations from the Redis streams become durable orders in MySQL;
+//! payment, timeout cancellation, stock return and dead letters.
+//!
+//! Layout:
+//! - [`config`]: the config file and its validation.
+//! - [`consumer`]: stream discovery and the per-stream consumers (batches, claiming,
+//!   dead letters, back-off).
+//! - [`db`]: every MySQL statement, each transition in one transaction.
+//! - [`redis`]: the cluster client, stream commands, the release script.
+//! - [`orders`]: the OrderService operations; [`service`]: their gRPC face.
+//! - [`background`]: timeout sweep, stock-return outbox relay, gauges.
+//! - [`payment`]: the provider callback's HMAC and freshness check.
+//! - [`model`], [`error`], [`metrics`].
+#![forbid(unsafe_code)]
+
+pub mod background;
+pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod error;
+pub mod metrics;
+pub mod model;
+pub mod orders;
+pub mod payment;
+pub mod redis;
+pub mod service;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use seckill_proto::auth::ServiceToken;
+use seckill_proto::pb::order_service_server::OrderServiceServer;
+use seckill_proto::shutdown::{drain, Shutdown};
+use tokio::net::TcpListener;
+
+pub use config::Config;
+pub use metrics::Metrics;
+
+/// Runs orderd on the given listeners until `shutdown` fires: the gRPC server, the
+/// stream consumers, the timeout sweep, the outbox relay and (with `admin`) the
+/// `/metrics` port. On shutdown the consumers finish the batch in hand, within
+/// `grpc.drain_ms`.
+pub async fn run(
+    config: Config,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    run_with_metrics(config, grpc, admin, shutdown, Metrics::new()).await
+}
+
+/// [`run`] with a [`Metrics`] value of the caller's (tests read it).
+pub async fn run_with_metrics(
+    config: Config,
+    grpc: TcpListener,
+    admin: Option<TcpListener>,
+    shutdown: Shutdown,
+    metrics: Metrics,
+) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let db = db::Db::connect_lazy(&config.mysql).context("mysql.url")?;
+    let redis = redis::Redis::connect(&config.redis)
+        .await
+        .context("connect to Redis Cluster (redis.nodes)")?;
+
+    let mut loops = tokio::task::JoinSet::new();
+    let ctx = consumer::Ctx {
+        db: db.clone(),
+        redis: redis.clone(),
+        cfg: config.consumer.clone(),
+        consumer: config.consumer_name(),
+        pay_timeout: config.payment_timeout(),
+        metrics: metrics.clone(),
+        errors: Arc::new(Mutex::new(Default::default())),
+    };
+    tracing::info!(consumer = %ctx.consumer, group = %ctx.cfg.group, "orderd starting");
+    loops.spawn(consumer::discover(ctx, shutdown.clone()));
+    loops.spawn(background::timeout_sweep(
+        db.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.payment.sweep_interval_ms),
+        shutdown.clone(),
+    ));
+    loops.spawn(background::outbox_relay(
+        db.clone(),
+        redis.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.outbox.relay_interval_ms),
+        config.outbox.relay_batch,
+        shutdown.clone(),
+    ));
+    loops.spawn(background::stats(
+        db.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(admin) = admin {
+        loops.spawn(seckill_proto::admin_http::serve(
+            admin,
+            metrics.registry.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    let orders = orders::Orders {
+        db: db.clone(),
+        redis: redis.clone(),
+        config: config.clone(),
+    };
+    let svc = service::OrderSvc::new(orders, shutdown.clone());
+    let (health, router) = seckill_proto::serve::router();
+    let router = router.add_service(OrderServiceServer::with_interceptor(
+        svc,
+        ServiceToken::new(&config.grpc.service_token),
+    ));
+    health
+        .set_serving::<OrderServiceServer<
+            tonic::service::interceptor::InterceptedService<service::OrderSvc, ServiceToken>,
+        >>()
+        .await;
+    let served = seckill_proto::serve::run(router, grpc, shutdown.clone()).await;
+
+    let drain_for = Duration::from_millis(config.grpc.drain_ms);
+    drain("orderd background loops", drain_for, async {
+        while loops.join_next().await.is_some() {}
+    })
+    .await;
+    redis.quit().await;
+    db.pool().close().await;
+    served.context("gRPC server")?;
+    tracing::info!("orderd stopped");
+    Ok(())
+}

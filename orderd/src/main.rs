@@ -1,0 +1,19 @@
+//! The `orderd` binary: the shared daemon start-up ([`seckill_proto::daemon`]: `-c`, `-t`,
+//! `--migrate`, tracing, listeners) around [`orderd::run`].
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    seckill_proto::daemon::main(
+        "orderd",
+        "Order daemon of the seckill platform: orders, payment, timeouts, dead letters.",
+        orderd::Config::load,
+        |c| seckill_proto::daemon::Endpoints {
+            grpc: &c.grpc.listen,
+            admin: c.admin.listen.as_deref(),
+            mysql_url: &c.mysql.url,
+            json_logs: c.log.json,
+        },
+        orderd::run,
+    )
+}

@@ -1,0 +1,139 @@
+//! orderd's Prometheus metrics, registered in a [`Metrics`] value that is passed in
+//! (not a global), served on the admin port.
+//!
+//! - `orderd_stream_lag{stream}`: entries in the stream not yet written to MySQL
+//!   (read but unacknowledged included; acknowledged entries are deleted).
+//! - `orderd_orders{state}`: orders in MySQL by state, refreshed periodically.
+//! - `orderd_dead_letters`: dead letters not yet replayed; `orderd_dead_letters_total`.
+//! - `orderd_batch_size`, `orderd_batch_seconds`: entries per batch and batch latency.
+//! - `orderd_orders_written_total{state}`: orders created by the consumers.
+//! - `orderd_batch_failures_total`: failed batches (each followed by a back-off).
+//! - `orderd_stock_returns_total{outcome}`: outbox rows relayed to Redis.
+//! - `orderd_timeouts_total`: orders cancelled by the payment timeout.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// Every metric orderd exports, and the registry they live in.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub stream_lag: IntGaugeVec,
+    pub orders_by_state: IntGaugeVec,
+    pub dead_letters: IntGauge,
+    pub dead_letters_total: IntCounter,
+    pub batch_size: Histogram,
+    pub batch_seconds: Histogram,
+    pub orders_written: IntCounterVec,
+    pub batch_failures: IntCounter,
+    pub stock_returns: IntCounterVec,
+    pub timeouts: IntCounter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics(..)")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let stream_lag = IntGaugeVec::new(
+            Opts::new(
+                "orderd_stream_lag",
+                "Entries in a reservation stream not yet written to MySQL",
+            ),
+            &["stream"],
+        )
+        .expect("valid metric");
+        let orders_by_state = IntGaugeVec::new(
+            Opts::new("orderd_orders", "Orders in MySQL by state"),
+            &["state"],
+        )
+        .expect("valid metric");
+        let dead_letters = IntGauge::new("orderd_dead_letters", "Dead letters not yet replayed")
+            .expect("valid metric");
+        let dead_letters_total = IntCounter::new(
+            "orderd_dead_letters_total",
+            "Stream entries moved to the dead letters",
+        )
+        .expect("valid metric");
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new("orderd_batch_size", "Stream entries per MySQL batch").buckets(
+                vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+            ),
+        )
+        .expect("valid metric");
+        let batch_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "orderd_batch_seconds",
+                "Latency of one batch: MySQL transaction and acknowledgement",
+            )
+            .buckets(vec![
+                0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+            ]),
+        )
+        .expect("valid metric");
+        let orders_written = IntCounterVec::new(
+            Opts::new(
+                "orderd_orders_written_total",
+                "Orders created from stream entries, by initial state",
+            ),
+            &["state"],
+        )
+        .expect("valid metric");
+        let batch_failures = IntCounter::new(
+            "orderd_batch_failures_total",
+            "Batches that failed (MySQL or Redis unavailable) and were retried after a back-off",
+        )
+        .expect("valid metric");
+        let stock_returns = IntCounterVec::new(
+            Opts::new(
+                "orderd_stock_returns_total",
+                "Stock-return outbox rows relayed to Redis, by release outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let timeouts = IntCounter::new(
+            "orderd_timeouts_total",
+            "Orders cancelled because the payment deadline passed",
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(stream_lag.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(orders_by_state.clone()),
+            Box::new(dead_letters.clone()),
+            Box::new(dead_letters_total.clone()),
+            Box::new(batch_size.clone()),
+            Box::new(batch_seconds.clone()),
+            Box::new(orders_written.clone()),
+            Box::new(batch_failures.clone()),
+            Box::new(stock_returns.clone()),
+            Box::new(timeouts.clone()),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        Self {
+            registry,
+            stream_lag,
+            orders_by_state,
+            dead_letters,
+            dead_letters_total,
+            batch_size,
+            batch_seconds,
+            orders_written,
+            batch_failures,
+            stock_returns,
+            timeouts,
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! orderd's Redis side: the cluster client, the consumer-group stream commands, and
+//! the release script the stock-return relay calls.
+//!
+//! Reads never use `BLOCK`: fred multiplexes every command to a node over one
+//! connection, and a blocked `XREADGROUP` would stall the other streams of that node.
+//! Consumers poll instead (see `consumer.block_ms`).
+//!
+//! Dead letters are appended to the stream [`DLQ_STREAM`] (`sk:dlq`), next to the
+//! `dead_letters` table, so operators can tail them without MySQL.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::streams::{XPendingArgs, XID};
+use fred::types::Value;
+use seckill_lua::keys;
+use seckill_lua::messages::SoldOut;
+use seckill_lua::scripts::{self, Script};
+use seckill_lua::{ActivityId, ItemId, ReservationId, Shard};
+
+use crate::config::RedisConfig;
+use crate::error::{Error, Result};
+
+/// Stream of dead letters (one entry per dead-lettered reservation entry):
+/// fields `stream`, `entry`, `rid`, `error`, `deliveries`.
+pub const DLQ_STREAM: &str = "sk:dlq";
+
+/// One stream entry: its id and its fields.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub id: String,
+    pub fields: HashMap<String, String>,
+}
+
+/// What the release script said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The buyer record named this reservation and is gone; `left` units in the shard.
+    Released { left: i64 },
+    /// No buyer record names this reservation (already released, or re-bought).
+    NotHeld,
+}
+
+/// A cheap, cloneable handle on the cluster.
+#[derive(Clone)]
+pub struct Redis {
+    client: Client,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Redis(..)")
+    }
+}
+
+impl Redis {
+    /// Connects to the cluster (retrying forever in the background after the first
+    /// connection). Scripts are called by SHA; on `NOSCRIPT` the body is sent once
+    /// with `EVAL`, which caches it on that node.
+    pub async fn connect(cfg: &RedisConfig) -> Result<Self> {
+        let hosts: Vec<(String, u16)> = cfg
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let (h, p) = n.rsplit_once(':')?;
+                Some((h.to_string(), p.parse().ok()?))
+            })
+            .collect();
+        let config = Config {
+            server: ServerConfig::new_clustered(hosts),
+            ..Config::default()
+        };
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let connect = Duration::from_millis(cfg.connect_timeout_ms);
+        let client = Builder::from_config(config)
+            .with_performance_config(|p| p.default_command_timeout = timeout)
+            .with_connection_config(|c| {
+                c.connection_timeout = connect;
+                c.internal_command_timeout = connect;
+                c.max_command_attempts = 3;
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2000, 2))
+            .build()?;
+        client.init().await?;
+        Ok(Self { client })
+    }
+
+    /// The underlying client (tests and tools).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn evalsha(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<Value> {
+        match self
+            .client
+            .evalsha::<Value, _, _, _>(script.sha1(), keys.clone(), args.clone())
+            .await
+        {
+            // EVAL runs it on the keys' node and caches it there for the next EVALSHA.
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                Ok(self.client.eval(script.body, keys, args).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// The RELEASE script for `rid` held by `user`: drop the buyer record if it still
+    /// names `rid`, and give the unit back to the shard when `return_unit`.
+    pub async fn release(
+        &self,
+        rid: &ReservationId,
+        user: &str,
+        return_unit: bool,
+    ) -> Result<Release> {
+        let reply = self
+            .evalsha(
+                &scripts::RELEASE,
+                vec![
+                    keys::stock(rid.activity, rid.shard, rid.item),
+                    keys::buyers(rid.activity, rid.shard, rid.item),
+                ],
+                vec![
+                    user.to_string(),
+                    rid.to_string(),
+                    if return_unit { "1" } else { "0" }.to_string(),
+                ],
+            )
+            .await?
+            .into_array();
+        let outcome = reply
+            .first()
+            .and_then(|v| v.as_string())
+            .unwrap_or_default();
+        let left = reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1);
+        match outcome.as_str() {
+            "RELEASED" => Ok(Release::Released { left }),
+            "NOT_HELD" => Ok(Release::NotHeld),
+            other => Err(Error::Internal(format!("release answered {other:?}"))),
+        }
+    }
+
+    /// Units came back: clear the sold-out flag of `(a, s)` and announce it.
+    pub async fn clear_sold_out(&self, a: ActivityId, s: ItemId) -> Result<()> {
+        let _: i64 = self.client.del(keys::sold_out(a, s)).await?;
+        let msg = SoldOut {
+            activity: a,
+            item: s,
+            sold_out: false,
+        };
+        let _: i64 = self
+            .client
+            .publish(keys::SOLD_OUT_CHANNEL, msg.encode())
+            .await?;
+        Ok(())
+    }
+
+    /// The reservation id the buyer record of `user` names, if any.
+    pub async fn buyer_reservation(
+        &self,
+        a: ActivityId,
+        shard: Shard,
+        s: ItemId,
+        user: &str,
+    ) -> Result<Option<String>> {
+        let held: Option<String> = self.client.hget(keys::buyers(a, shard, s), user).await?;
+        Ok(held.map(|h| h.split('|').next().unwrap_or_default().to_string()))
+    }
+
+    /// `XGROUP CREATE stream group 0 MKSTREAM`; an existing group is fine.
+    pub async fn ensure_group(&self, stream: &str, group: &str) -> Result<()> {
+        match self
+            .client
+            .xgroup_create::<Value, _, _, _>(stream, group, "0", true)
+            .await
+        {
+            Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
+            other => other.map(|_| ()).map_err(Error::from),
+        }
+    }
+
+    /// `XREADGROUP GROUP g c COUNT n STREAMS stream >`: new entries, no blocking.
+    pub async fn read_new(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        count: u64,
+    ) -> Result<Vec<Entry>> {
+        let reply: Value = self
+            .client
+            .xreadgroup(group, consumer, Some(count), None, false, stream, ">")
+            .await?;
+        // [[stream, [[id, [f, v, ...]], ...]]] or nil.
+        let mut out = Vec::new();
+        for per_stream in reply.into_array() {
+            let mut parts = per_stream.into_array().into_iter();
+            let _name = parts.next();
+            if let Some(entries) = parts.next() {
+                out.extend(parse_entries(entries));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `XAUTOCLAIM stream g c min_idle 0-0 COUNT n`: entries pending longer than
+    /// `min_idle_ms` on any consumer (this one included) move to this consumer, and
+    /// their delivery counts go up. Scans the whole pending list in one pass.
+    pub async fn autoclaim(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        count: u64,
+    ) -> Result<Vec<Entry>> {
+        let mut start = "0-0".to_string();
+        let mut out = Vec::new();
+        loop {
+            let reply: Value = self
+                .client
+                .xautoclaim(
+                    stream,
+                    group,
+                    consumer,
+                    min_idle_ms,
+                    XID::Manual(start.clone().into()),
+                    Some(count),
+                    false,
+                )
+                .await?;
+            let mut parts = reply.into_array().into_iter();
+            let next = parts
+                .next()
+                .and_then(|v| v.as_string())
+                .unwrap_or_else(|| "0-0".into());
+            if let Some(entries) = parts.next() {
+                out.extend(parse_entries(entries));
+            }
+            if next == "0-0" || out.len() as u64 >= count {
+                return Ok(out);
+            }
+            start = next;
+        }
+    }
+
+    /// Delivery counts of this consumer's pending entries with ids in `[min, max]`.
+    pub async fn deliveries(
+        &self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min: &str,
+        max: &str,
+        count: u64,
+    ) -> Result<HashMap<String, u64>> {
+        let args = XPendingArgs {
+            idle: None,
+            start: Some(XID::Manual(min.to_string().into())),
+            end: Some(XID::Manual(max.to_string().into())),
+            count: Some(count),
+            consumer: Some(consumer.to_string().into()),
+        };
+        let reply: Value = self.client.xpending(stream, group, args).await?;
+        let mut out = HashMap::new();
+        for row in reply.into_array() {
+            let row = row.into_array();
+            if let (Some(id), Some(n)) = (
+                row.first().and_then(|v| v.as_string()),
+                row.get(3).and_then(|v| v.as_u64()),
+            ) {
+                out.insert(id, n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// `XACK` and `XDEL` in one `MULTI`/`EXEC` (one key, so one slot): a written entry
+    /// leaves the pending list and the stream together, so the stream's length is the
+    /// backlog. Two separate calls left, after a kill between them, an entry that was
+    /// acknowledged (no consumer would ever claim it) but still in the stream.
+    pub async fn ack_and_delete(&self, stream: &str, group: &str, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let trx = self.client.multi();
+        let _: () = trx.xack(stream, group, ids.to_vec()).await?;
+        let _: () = trx.xdel(stream, ids.to_vec()).await?;
+        let _: Value = trx.exec(true).await?;
+        Ok(())
+    }
+
+    /// Entries in the stream (the backlog: written entries are deleted).
+    pub async fn stream_len(&self, stream: &str) -> Result<u64> {
+        Ok(self.client.xlen(stream).await?)
+    }
+
+    /// Appends a dead letter to [`DLQ_STREAM`].
+    pub async fn push_dead_letter(
+        &self,
+        stream: &str,
+        entry_id: &str,
+        rid: &str,
+        error: &str,
+        deliveries: u64,
+    ) -> Result<()> {
+        let _: Value = self
+            .client
+            .xadd(
+                DLQ_STREAM,
+                false,
+                None,
+                "*",
+                vec![
+                    ("stream", stream.to_string()),
+                    ("entry", entry_id.to_string()),
+                    ("rid", rid.to_string()),
+                    ("error", error.to_string()),
+                    ("deliveries", deliveries.to_string()),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Closes the connections.
+    pub async fn quit(&self) {
+        let _ = self.client.quit().await;
+    }
+}
+
+/// `[[id, [f, v, ...]], ...]` → entries; deleted entries (`[id, nil]`) get no fields.
+fn parse_entries(v: Value) -> Vec<Entry> {
+    v.into_array()
+        .into_iter()
+        .filter_map(|e| {
+            let mut parts = e.into_array().into_iter();
+            let id = parts.next()?.as_string()?;
+            let mut fields = HashMap::new();
+            let flat = parts.next().map(Value::into_array).unwrap_or_default();
+            let mut it = flat.into_iter();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                if let (Some(k), Some(v)) = (k.as_string(), v.as_string()) {
+                    fields.insert(k, v);
+                }
+            }
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
