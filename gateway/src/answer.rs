@@ -1,0 +1,376 @@
+//! Every answer the edge writes: the refusals of `docs/http-api.md` with their stable
+//! codes, and JSON successes. The hot refusals (banned, rate limited, busy, sold out)
+//! are built once at start-up ([`Prebuilt`]) and only cloned per request.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::Session;
+use serde_json::{json, Value};
+use std::borrow::Cow;
+
+/// Why a request was refused. Business outcomes, not errors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    Banned,
+    /// Retry-After seconds.
+    RateLimited(u32),
+    Busy,
+    SoldOut,
+    Ended,
+    TooEarly {
+        start_at_ms: i64,
+        server_time_ms: i64,
+    },
+    Unauthenticated(&'static str),
+    BadPurchaseToken(&'static str),
+    Forbidden,
+    NotFound(&'static str),
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    HeadersTooLarge,
+    BadRequest(Cow<'static, str>),
+    /// Retry-After seconds.
+    BackendUnavailable(u64),
+    /// The reservation the user already holds.
+    Duplicate(String),
+    /// The order's final state after losing a transition.
+    Conflict(Value),
+}
+
+/// Outcome labels for metrics and the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Outcome {
+    Ok = 0,
+    Reserved,
+    Banned,
+    RateLimited,
+    Busy,
+    SoldOut,
+    Ended,
+    TooEarly,
+    Unauthenticated,
+    BadPurchaseToken,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    HeadersTooLarge,
+    BadRequest,
+    BackendUnavailable,
+    Duplicate,
+    Conflict,
+    Closed,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 21] = [
+        Self::Ok,
+        Self::Reserved,
+        Self::Banned,
+        Self::RateLimited,
+        Self::Busy,
+        Self::SoldOut,
+        Self::Ended,
+        Self::TooEarly,
+        Self::Unauthenticated,
+        Self::BadPurchaseToken,
+        Self::Forbidden,
+        Self::NotFound,
+        Self::MethodNotAllowed,
+        Self::PayloadTooLarge,
+        Self::UnsupportedMediaType,
+        Self::HeadersTooLarge,
+        Self::BadRequest,
+        Self::BackendUnavailable,
+        Self::Duplicate,
+        Self::Conflict,
+        Self::Closed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Reserved => "reserved",
+            Self::Banned => "banned",
+            Self::RateLimited => "rate_limited",
+            Self::Busy => "busy",
+            Self::SoldOut => "sold_out",
+            Self::Ended => "ended",
+            Self::TooEarly => "too_early",
+            Self::Unauthenticated => "unauthenticated",
+            Self::BadPurchaseToken => "bad_purchase_token",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::HeadersTooLarge => "headers_too_large",
+            Self::BadRequest => "bad_request",
+            Self::BackendUnavailable => "backend_unavailable",
+            Self::Duplicate => "duplicate",
+            Self::Conflict => "conflict",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+impl Refusal {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Banned => Outcome::Banned,
+            Self::RateLimited(_) => Outcome::RateLimited,
+            Self::Busy => Outcome::Busy,
+            Self::SoldOut => Outcome::SoldOut,
+            Self::Ended => Outcome::Ended,
+            Self::TooEarly { .. } => Outcome::TooEarly,
+            Self::Unauthenticated(_) => Outcome::Unauthenticated,
+            Self::BadPurchaseToken(_) => Outcome::BadPurchaseToken,
+            Self::Forbidden => Outcome::Forbidden,
+            Self::NotFound(_) => Outcome::NotFound,
+            Self::MethodNotAllowed => Outcome::MethodNotAllowed,
+            Self::PayloadTooLarge => Outcome::PayloadTooLarge,
+            Self::UnsupportedMediaType => Outcome::UnsupportedMediaType,
+            Self::HeadersTooLarge => Outcome::HeadersTooLarge,
+            Self::BadRequest(_) => Outcome::BadRequest,
+            Self::BackendUnavailable(_) => Outcome::BackendUnavailable,
+            Self::Duplicate(_) => Outcome::Duplicate,
+            Self::Conflict(_) => Outcome::Conflict,
+        }
+    }
+
+    /// True for refusals that count toward the auto-ban.
+    pub fn is_abuse(&self) -> bool {
+        matches!(
+            self,
+            Self::RateLimited(_) | Self::Unauthenticated(_) | Self::BadPurchaseToken(_)
+        )
+    }
+
+    fn status(&self) -> u16 {
+        match self {
+            Self::Banned | Self::BadPurchaseToken(_) | Self::Forbidden => 403,
+            Self::RateLimited(_) | Self::Busy => 429,
+            Self::SoldOut | Self::Ended => 410,
+            Self::TooEarly { .. } => 425,
+            Self::Unauthenticated(_) => 401,
+            Self::NotFound(_) => 404,
+            Self::MethodNotAllowed => 405,
+            Self::PayloadTooLarge => 413,
+            Self::UnsupportedMediaType => 415,
+            Self::HeadersTooLarge => 431,
+            Self::BadRequest(_) => 400,
+            Self::BackendUnavailable(_) => 503,
+            Self::Duplicate(_) | Self::Conflict(_) => 409,
+        }
+    }
+
+    fn body(&self) -> Value {
+        let (code, message): (&str, Cow<'_, str>) = match self {
+            Self::Banned => ("banned", "this client is banned".into()),
+            Self::RateLimited(_) => ("rate_limited", "too many requests; retry later".into()),
+            Self::Busy => (
+                "busy",
+                "too many reservations in flight for this item; retry".into(),
+            ),
+            Self::SoldOut => ("sold_out", "sold out".into()),
+            Self::Ended => ("ended", "the sale is over".into()),
+            Self::TooEarly { .. } => ("too_early", "the sale has not started".into()),
+            Self::Unauthenticated(m) => ("unauthenticated", (*m).into()),
+            Self::BadPurchaseToken(m) => ("bad_purchase_token", (*m).into()),
+            Self::Forbidden => ("forbidden", "not your order".into()),
+            Self::NotFound(m) => ("not_found", (*m).into()),
+            Self::MethodNotAllowed => ("method_not_allowed", "wrong method for this route".into()),
+            Self::PayloadTooLarge => ("payload_too_large", "request body too large".into()),
+            Self::UnsupportedMediaType => (
+                "unsupported_media_type",
+                "send Content-Type: application/json".into(),
+            ),
+            Self::HeadersTooLarge => (
+                "headers_too_large",
+                "too many or too large request headers".into(),
+            ),
+            Self::BadRequest(m) => ("bad_request", m.as_ref().into()),
+            Self::BackendUnavailable(_) => (
+                "backend_unavailable",
+                "the service is unavailable; retry later".into(),
+            ),
+            Self::Duplicate(_) => ("duplicate", "you already hold this item".into()),
+            Self::Conflict(_) => ("conflict", "the order changed state first".into()),
+        };
+        let mut v = json!({"error": {"code": code, "message": message}});
+        match self {
+            Self::TooEarly {
+                start_at_ms,
+                server_time_ms,
+            } => {
+                v["start_at_ms"] = json!(start_at_ms);
+                v["server_time_ms"] = json!(server_time_ms);
+            }
+            Self::Duplicate(rid) => v["reservation_id"] = json!(rid),
+            Self::Conflict(order) => v["order"] = order.clone(),
+            _ => {}
+        }
+        v
+    }
+
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::RateLimited(s) => Some(u64::from(*s)),
+            Self::Busy => Some(1),
+            Self::BackendUnavailable(s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+/// A response ready to clone: header and body.
+pub struct Canned {
+    header: ResponseHeader,
+    body: Bytes,
+}
+
+impl Canned {
+    fn build(status: u16, ctype: &str, body: Bytes, extra: &[(&'static str, String)]) -> Self {
+        let mut h = ResponseHeader::build_no_case(status, Some(4)).expect("static status");
+        h.insert_header("content-type", ctype)
+            .expect("static header");
+        h.insert_header("content-length", body.len().to_string())
+            .expect("static header");
+        for (k, v) in extra {
+            h.insert_header(*k, v.as_str()).expect("static header");
+        }
+        Self { header: h, body }
+    }
+
+    fn refusal(r: &Refusal) -> Self {
+        let body = Bytes::from(serde_json::to_vec(&r.body()).expect("json"));
+        let extra: Vec<(&'static str, String)> = r
+            .retry_after()
+            .map(|s| vec![("retry-after", s.to_string())])
+            .unwrap_or_default();
+        Self::build(r.status(), "application/json", body, &extra)
+    }
+
+    pub async fn send(&self, session: &mut Session) -> Result<()> {
+        session
+            .write_response_header_ref(&self.header, false)
+            .await?;
+        session
+            .write_response_body(Some(self.body.clone()), true)
+            .await
+    }
+}
+
+/// The hot refusals and the static files, built once.
+pub struct Prebuilt {
+    banned: Canned,
+    /// Index = Retry-After seconds - 1, for 1..=8.
+    limited: Vec<Canned>,
+    busy: Canned,
+    sold_out: Canned,
+    index: Canned,
+    openapi: Canned,
+}
+
+impl Prebuilt {
+    pub fn new() -> Self {
+        Self {
+            banned: Canned::refusal(&Refusal::Banned),
+            limited: (1..=8)
+                .map(|s| Canned::refusal(&Refusal::RateLimited(s)))
+                .collect(),
+            busy: Canned::refusal(&Refusal::Busy),
+            sold_out: Canned::refusal(&Refusal::SoldOut),
+            index: Canned::build(
+                200,
+                "text/html; charset=utf-8",
+                Bytes::from_static(include_bytes!("../static/index.html")),
+                &[("cache-control", "no-cache".into())],
+            ),
+            openapi: Canned::build(
+                200,
+                "application/json",
+                Bytes::from_static(include_bytes!("../static/openapi.json")),
+                &[],
+            ),
+        }
+    }
+
+    pub async fn index(&self, session: &mut Session) -> Result<()> {
+        self.index.send(session).await
+    }
+
+    pub async fn openapi(&self, session: &mut Session) -> Result<()> {
+        self.openapi.send(session).await
+    }
+
+    /// Writes a refusal: canned when hot, built otherwise.
+    pub async fn refuse(&self, session: &mut Session, r: &Refusal) -> Result<()> {
+        match r {
+            Refusal::Banned => self.banned.send(session).await,
+            Refusal::SoldOut => self.sold_out.send(session).await,
+            Refusal::Busy => self.busy.send(session).await,
+            Refusal::RateLimited(s) if (1..=8).contains(s) => {
+                self.limited[*s as usize - 1].send(session).await
+            }
+            other => Canned::refusal(other).send(session).await,
+        }
+    }
+}
+
+impl Default for Prebuilt {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Writes a JSON success.
+pub async fn json(session: &mut Session, status: u16, body: &Value) -> Result<()> {
+    let bytes = Bytes::from(serde_json::to_vec(body).expect("json"));
+    Canned::build(
+        status,
+        "application/json",
+        bytes,
+        &[("cache-control", "no-store".into())],
+    )
+    .send(session)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_carry_their_stable_codes_and_extra_fields() {
+        let cases = [
+            (Refusal::Banned, 403, "banned"),
+            (Refusal::RateLimited(2), 429, "rate_limited"),
+            (Refusal::Busy, 429, "busy"),
+            (Refusal::SoldOut, 410, "sold_out"),
+            (Refusal::Ended, 410, "ended"),
+            (Refusal::HeadersTooLarge, 431, "headers_too_large"),
+            (Refusal::BackendUnavailable(1), 503, "backend_unavailable"),
+            (Refusal::Duplicate("1-2-3-a-4".into()), 409, "duplicate"),
+        ];
+        for (r, status, code) in cases {
+            assert_eq!(r.status(), status);
+            assert_eq!(r.body()["error"]["code"], code);
+            assert!(r.body()["error"]["message"].is_string());
+        }
+        let early = Refusal::TooEarly {
+            start_at_ms: 5,
+            server_time_ms: 3,
+        }
+        .body();
+        assert_eq!(early["start_at_ms"], 5);
+        assert_eq!(early["server_time_ms"], 3);
+        assert_eq!(Refusal::Duplicate("r".into()).body()["reservation_id"], "r");
+        assert_eq!(Refusal::RateLimited(3).retry_after(), Some(3));
+        assert_eq!(Refusal::SoldOut.retry_after(), None);
+    }
+}

@@ -1,0 +1,161 @@
+//! The seckill edge gateway, built on pingora: answers the crowd that cannot buy at
+//! the cost of a static response, and passes the rest to stockd and orderd over gRPC.
+//!
+//! Layout (the request pipeline, in order, then the plumbing):
+//! - [`routes`]: method + path → [`routes::Route`].
+//! - [`ip_ban`], [`rate_limit`], [`sold_out`], [`auth`], [`purchase_token`],
+//!   [`admission`]: the filters, each behind [`proxy::Filter`].
+//! - [`forward`]: gRPC clients and the mapping of gRPC answers to HTTP.
+//! - [`proxy`]: pingora's `ProxyHttp`: runs the filters, then the route's handler.
+//! - [`answer`]: the refusals with their stable codes, canned where hot.
+//! - [`deadline`]: the total read deadline per request (slow clients).
+//! - [`redis`]: background feeds (activities, stock, sold-out, bans, health).
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`. [`metrics`]: the registry.
+//! - [`config`]: the TOML file. [`run`]: builds the pingora server and runs it.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod admission;
+pub mod answer;
+pub mod auth;
+pub mod config;
+pub mod deadline;
+pub mod forward;
+pub mod ip_ban;
+pub mod metrics;
+pub mod proxy;
+pub mod purchase_token;
+pub mod rate_limit;
+pub mod redis;
+pub mod routes;
+pub mod sold_out;
+
+/// The TOML crate the config is written in, for tools and tests that generate configs.
+pub use toml;
+
+use pingora::apps::HttpServerOptions;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::services::background::background_service;
+use pingora::services::listening::Service;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How the process was started.
+#[derive(Debug, Clone, Default)]
+pub struct RunOpts {
+    /// The config file, read again on SIGHUP.
+    pub config_path: PathBuf,
+    /// Take the listeners over from a running gateway (graceful upgrade, `-u`).
+    pub upgrade: bool,
+    /// Detach into the background (`-d`).
+    pub daemon: bool,
+}
+
+/// Builds the pingora server (HTTP service, admin service, Redis feeds, SIGHUP reload)
+/// and runs it until SIGTERM/SIGINT, or SIGQUIT for a graceful upgrade. Never returns.
+pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
+    let mut conf = ServerConf::new().ok_or_else(|| anyhow::anyhow!("pingora default conf"))?;
+    conf.threads = config.server.threads;
+    conf.work_stealing = config.server.work_stealing;
+    conf.pid_file = config.server.pid_file.clone();
+    conf.upgrade_sock = config.server.upgrade_sock.clone();
+    conf.grace_period_seconds = Some(config.server.grace_period_secs);
+    conf.graceful_shutdown_timeout_seconds = Some(config.server.graceful_shutdown_timeout_secs);
+    conf.daemon = opts.daemon;
+    let opt = Opt {
+        upgrade: opts.upgrade,
+        daemon: opts.daemon,
+        nocapture: false,
+        test: false,
+        conf: None,
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let (announce_tx, announce_rx) = tokio::sync::mpsc::channel(1024);
+    let shared = Arc::new(proxy::Shared::new(
+        config.clone(),
+        metrics::Metrics::new(),
+        announce_tx,
+    )?);
+    let read_ms = Arc::new(AtomicU64::new(config.protection.request_read_ms));
+
+    let mut http =
+        pingora::proxy::http_proxy(&server.configuration, proxy::Gateway::new(shared.clone()));
+    let mut options = HttpServerOptions::default();
+    options.h2c = config.server.h2c;
+    http.server_options = Some(options);
+    let mut svc = Service::new(
+        "seckill gateway".to_string(),
+        deadline::Guarded::new(http, read_ms.clone()),
+    );
+    svc.set_connection_filter(Arc::new(ip_ban::ConnectionBan(shared.clone())));
+    for addr in &config.server.listen {
+        svc.add_tcp(addr);
+    }
+    if !config.server.tls_listen.is_empty() {
+        svc.add_tls(
+            &config.server.tls_listen,
+            &config.server.tls_cert_path,
+            &config.server.tls_key_path,
+        )
+        .map_err(|e| anyhow::anyhow!("TLS listener: {e}"))?;
+    }
+    server.add_service(svc);
+
+    let mut admin = Service::new(
+        "gateway admin".to_string(),
+        admin::Admin::new(shared.clone()),
+    );
+    admin.add_tcp(&config.server.admin_listen);
+    server.add_service(admin);
+
+    server.add_service(background_service(
+        "redis feeds",
+        redis::Feeds::new(shared.clone(), announce_rx),
+    ));
+    server.add_service(background_service(
+        "sighup reload",
+        Reload {
+            shared,
+            path: opts.config_path,
+            read_ms,
+        },
+    ));
+    tracing::info!(listen = ?config.server.listen, admin = %config.server.admin_listen, "gateway starting");
+    server.run_forever()
+}
+
+/// SIGHUP: read the file again; on success swap in its limits, bans, admission and
+/// protection. Connections and in-flight requests are untouched.
+struct Reload {
+    shared: Arc<proxy::Shared>,
+    path: PathBuf,
+    read_ms: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for Reload {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::error!("cannot install the SIGHUP handler");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = hup.recv() => match config::load(&self.path) {
+                    Ok(c) => {
+                        self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);
+                        self.shared.set_policy(c.policy());
+                        tracing::info!(path = %self.path.display(), "reloaded limits, bans, admission and protection");
+                    }
+                    Err(e) => tracing::error!(error = %e, "reload refused; keeping the running config"),
+                },
+            }
+        }
+    }
+}

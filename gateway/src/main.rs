@@ -1,0 +1,54 @@
+//! `gateway`: flags, config, tracing, then [`gateway::run`].
+//!
+//! `-c PATH` config (default `deploy/local/gateway.toml`), `-t` validate and exit,
+//! `-u` take over from a running gateway (graceful upgrade), `-d` daemonize.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "gateway", about = "seckill edge gateway (pingora)")]
+struct Flags {
+    /// Config file (TOML).
+    #[arg(
+        short = 'c',
+        long = "config",
+        default_value = "deploy/local/gateway.toml"
+    )]
+    config: PathBuf,
+    /// Validate the config and exit (non-zero with the problem on error).
+    #[arg(short = 't', long = "test")]
+    test: bool,
+    /// Graceful upgrade: take the listening sockets over from the running gateway
+    /// (send it SIGQUIT).
+    #[arg(short = 'u', long = "upgrade")]
+    upgrade: bool,
+    /// Run in the background.
+    #[arg(short = 'd', long = "daemon")]
+    daemon: bool,
+}
+
+fn main() {
+    let flags = Flags::parse();
+    let config = match gateway::config::load(&flags.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    if flags.test {
+        println!("{}: ok", flags.config.display());
+        return;
+    }
+    seckill_proto::telemetry::init(config.server.json_logs);
+    let opts = gateway::RunOpts {
+        config_path: flags.config,
+        upgrade: flags.upgrade,
+        daemon: flags.daemon,
+    };
+    if let Err(e) = gateway::run(config, opts) {
+        eprintln!("gateway: {e:#}");
+        std::process::exit(1);
+    }
+}

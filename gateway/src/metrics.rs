@@ -1,0 +1,138 @@
+//! Prometheus metrics, registered in a [`Metrics`] value passed in (not a global):
+//! decisions by outcome and route, latency histograms by outcome, upstream errors,
+//! tracked buckets. Counters for every (route, outcome) pair are resolved once, so a
+//! request costs two atomic adds and no label hashing.
+
+use crate::answer::Outcome;
+use crate::routes::RouteClass;
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    decisions: Vec<IntCounter>,
+    latency: Vec<Histogram>,
+    upstream_errors: IntCounterVec,
+    pub tracked_ips: IntGauge,
+    pub auto_bans: IntCounter,
+    pub catalog_refresh_errors: IntCounter,
+}
+
+const N_OUT: usize = Outcome::ALL.len();
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions_vec = IntCounterVec::new(
+            Opts::new(
+                "gateway_decisions_total",
+                "Requests answered by the gateway, by route and outcome",
+            ),
+            &["route", "outcome"],
+        )
+        .expect("metric");
+        let latency_vec = HistogramVec::new(
+            HistogramOpts::new(
+                "gateway_request_duration_seconds",
+                "Time from request header to answer, by outcome",
+            )
+            .buckets(vec![
+                0.000_05, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["outcome"],
+        )
+        .expect("metric");
+        let upstream_errors = IntCounterVec::new(
+            Opts::new(
+                "gateway_upstream_errors_total",
+                "gRPC calls to stockd/orderd that failed, by upstream and gRPC code",
+            ),
+            &["upstream", "code"],
+        )
+        .expect("metric");
+        let tracked_ips =
+            IntGauge::new("gateway_tracked_ips", "Per-IP token buckets held").expect("metric");
+        let auto_bans = IntCounter::new("gateway_auto_bans_total", "IPs banned by the auto-ban")
+            .expect("metric");
+        let catalog_refresh_errors = IntCounter::new(
+            "gateway_feed_errors_total",
+            "Failed reads of activities, stock or bans from Redis",
+        )
+        .expect("metric");
+        for c in [
+            Box::new(decisions_vec.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency_vec.clone()),
+            Box::new(upstream_errors.clone()),
+            Box::new(tracked_ips.clone()),
+            Box::new(auto_bans.clone()),
+            Box::new(catalog_refresh_errors.clone()),
+        ] {
+            registry.register(c).expect("unique metric names");
+        }
+        let mut decisions = Vec::with_capacity(RouteClass::ALL.len() * N_OUT);
+        for r in RouteClass::ALL {
+            for o in Outcome::ALL {
+                decisions.push(decisions_vec.with_label_values(&[r.name(), o.label()]));
+            }
+        }
+        let latency = Outcome::ALL
+            .iter()
+            .map(|o| latency_vec.with_label_values(&[o.label()]))
+            .collect();
+        Self {
+            registry,
+            decisions,
+            latency,
+            upstream_errors,
+            tracked_ips,
+            auto_bans,
+            catalog_refresh_errors,
+        }
+    }
+
+    pub fn decision(&self, route: RouteClass, outcome: Outcome, seconds: f64) {
+        self.decisions[route as usize * N_OUT + outcome as usize].inc();
+        self.latency[outcome as usize].observe(seconds);
+    }
+
+    pub fn upstream_error(&self, upstream: &str, code: tonic::Code) {
+        self.upstream_errors
+            .with_label_values(&[upstream, &format!("{code:?}")])
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_are_counted_by_route_and_outcome() {
+        let m = Metrics::new();
+        m.decision(RouteClass::Reserve, Outcome::SoldOut, 0.0001);
+        m.decision(RouteClass::Reserve, Outcome::SoldOut, 0.0001);
+        m.upstream_error("stockd", tonic::Code::Unavailable);
+        let text = {
+            use prometheus::Encoder;
+            let mut buf = Vec::new();
+            prometheus::TextEncoder::new()
+                .encode(&m.registry.gather(), &mut buf)
+                .unwrap();
+            String::from_utf8(buf).unwrap()
+        };
+        assert!(
+            text.contains(r#"gateway_decisions_total{outcome="sold_out",route="reserve"} 2"#),
+            "{text}"
+        );
+        assert!(text
+            .contains(r#"gateway_upstream_errors_total{code="Unavailable",upstream="stockd"} 1"#));
+    }
+}

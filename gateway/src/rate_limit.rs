@@ -1,0 +1,365 @@
+//! Step 2: token buckets per client IP, per user and per route.
+//!
+//! [`BucketMap`] is a sharded map `u64 key → (tokens, last refill)` of 16 bytes per
+//! entry (plus hashbrown's control byte), so a million distinct client IPs cost about
+//! 35 MiB at most. Memory is bounded twice: a sweeper drops buckets idle for
+//! `idle_evict_secs`, and a shard that reaches its share of `max_tracked` first drops
+//! its full buckets (a full bucket behaves exactly like a missing one, so that loses
+//! nothing) and then, if still full, arbitrary ones (a dropped client starts again
+//! with a full bucket: bounded memory wins over exactness under a flood of new IPs).
+//!
+//! Time is passed in as milliseconds on the gateway's monotonic clock, so tests drive
+//! the buckets with an explicit clock.
+
+use crate::config::{Bucket, Limits};
+use crate::routes::RouteClass;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+/// Outcome of a bucket check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    Allowed,
+    /// Empty; a token comes back after this many whole seconds (at least 1).
+    Limited {
+        retry_after_secs: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    tokens: f32,
+    /// Milliseconds on the gateway clock, truncated to u32 (wraps after 49 days; the
+    /// wrapping difference keeps refills right for buckets touched within that span).
+    last_ms: u32,
+}
+
+/// A multiplicative hasher for u64 keys (client IPs, user-id hashes): one multiply per
+/// lookup instead of SipHash. Keys are mixed with a per-process random seed so a
+/// client cannot aim collisions at one bucket chain.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 =
+                (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let x = (n ^ seed()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 29);
+    }
+}
+
+fn seed() -> u64 {
+    use std::sync::OnceLock;
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ (std::process::id() as u64).rotate_left(32)
+    })
+}
+
+type Shard = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
+
+const SHARDS: usize = 64;
+
+/// Token buckets keyed by u64.
+pub struct BucketMap {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard_cap: usize,
+}
+
+impl BucketMap {
+    /// A map that tracks at most about `max_tracked` keys.
+    pub fn new(max_tracked: usize) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(Shard::default()))
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Self {
+            shards,
+            per_shard_cap: (max_tracked / SHARDS).max(16),
+        }
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<Shard> {
+        let mut h = KeyHasher::default();
+        h.write_u64(key);
+        // High bits pick the shard; hashbrown uses the low bits and the top 7 inside it.
+        &self.shards[((h.finish() >> 40) as usize) % SHARDS]
+    }
+
+    /// Takes one token from `key`'s bucket.
+    pub fn take(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
+        let now = now_ms as u32;
+        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        if shard.len() >= self.per_shard_cap && !shard.contains_key(&key) {
+            Self::make_room(&mut shard, limit, now, self.per_shard_cap);
+        }
+        let st = shard.entry(key).or_insert(State {
+            tokens: limit.burst as f32,
+            last_ms: now,
+        });
+        let elapsed = now.wrapping_sub(st.last_ms) as f64 / 1000.0;
+        let tokens = (st.tokens as f64 + elapsed * limit.rate).min(limit.burst);
+        st.last_ms = now;
+        if tokens >= 1.0 {
+            st.tokens = (tokens - 1.0) as f32;
+            Take::Allowed
+        } else {
+            st.tokens = tokens as f32;
+            let wait = ((1.0 - tokens) / limit.rate).ceil().max(1.0);
+            Take::Limited {
+                retry_after_secs: wait.min(u32::MAX as f64) as u32,
+            }
+        }
+    }
+
+    fn make_room(shard: &mut Shard, limit: Bucket, now: u32, cap: usize) {
+        let full_after_ms = (limit.burst / limit.rate * 1000.0) as u32;
+        shard.retain(|_, st| now.wrapping_sub(st.last_ms) < full_after_ms);
+        if shard.len() >= cap {
+            // Still full of active clients: drop an eighth, arbitrary ones.
+            let drop: Vec<u64> = shard.keys().take(cap / 8 + 1).copied().collect();
+            for k in drop {
+                shard.remove(&k);
+            }
+        }
+    }
+
+    /// Drops buckets untouched for `idle_ms`. Called by the sweeper.
+    pub fn evict_idle(&self, idle_ms: u64, now_ms: u64) -> usize {
+        let now = now_ms as u32;
+        let idle = idle_ms.min(u32::MAX as u64 / 2) as u32;
+        let mut dropped = 0;
+        for s in self.shards.iter() {
+            let mut shard = s.lock().unwrap_or_else(|p| p.into_inner());
+            let before = shard.len();
+            shard.retain(|_, st| now.wrapping_sub(st.last_ms) < idle);
+            dropped += before - shard.len();
+        }
+        dropped
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The u64 key of a client IP: IPv4 as is, IPv6 by its /64 (one subscriber's prefix).
+pub fn ip_key(ip: IpAddr) -> u64 {
+    match ip {
+        IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => u64::from(u32::from(v4)),
+            None => (u128::from(v6) >> 64) as u64 | (1 << 63),
+        },
+    }
+}
+
+/// The u64 key of a user id.
+pub fn user_key(user: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(user.as_bytes())
+}
+
+/// The three kinds of buckets.
+pub struct RateLimiter {
+    ips: BucketMap,
+    users: BucketMap,
+    routes: BucketMap,
+}
+
+impl RateLimiter {
+    pub fn new(max_tracked: usize) -> Self {
+        Self {
+            ips: BucketMap::new(max_tracked),
+            users: BucketMap::new(max_tracked),
+            routes: BucketMap::new(1024),
+        }
+    }
+
+    /// The per-IP bucket, then the route's shared bucket when the route has one.
+    pub fn check_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
+        let t = self.ips.take(ip_key(ip), limits.per_ip, now_ms);
+        if t != Take::Allowed {
+            return t;
+        }
+        match limits.routes.get(route.name()) {
+            Some(b) => self.routes.take(route as u64, *b, now_ms),
+            None => Take::Allowed,
+        }
+    }
+
+    /// The per-user bucket.
+    pub fn check_user(&self, user: &str, limits: &Limits, now_ms: u64) -> Take {
+        self.users.take(user_key(user), limits.per_user, now_ms)
+    }
+
+    /// Sweeper pass; returns how many buckets were dropped.
+    pub fn evict_idle(&self, limits: &Limits, now_ms: u64) -> usize {
+        let idle = limits.idle_evict_secs * 1000;
+        self.ips.evict_idle(idle, now_ms) + self.users.evict_idle(idle, now_ms)
+    }
+
+    pub fn tracked_ips(&self) -> usize {
+        self.ips.len()
+    }
+}
+
+/// Filter step: the per-IP and per-route buckets, before authentication.
+pub struct IpLimit;
+
+impl crate::proxy::Filter for IpLimit {
+    fn check(&self, cx: &mut crate::proxy::Cx<'_>) -> crate::proxy::Flow {
+        let policy = cx.policy;
+        match cx
+            .shared
+            .limiter
+            .check_ip(cx.client_ip, cx.route.class(), &policy.limits, cx.now_ms)
+        {
+            Take::Allowed => crate::proxy::Flow::Go,
+            Take::Limited { retry_after_secs } => {
+                crate::proxy::Flow::Stop(crate::answer::Refusal::RateLimited(retry_after_secs))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: Bucket = Bucket {
+        rate: 2.0,
+        burst: 3.0,
+    };
+
+    #[test]
+    fn a_burst_passes_then_the_bucket_refuses_until_it_refills() {
+        let m = BucketMap::new(10_000);
+        for _ in 0..3 {
+            assert_eq!(m.take(1, B, 1000), Take::Allowed);
+        }
+        assert_eq!(
+            m.take(1, B, 1000),
+            Take::Limited {
+                retry_after_secs: 1
+            }
+        );
+        // Another key has its own bucket.
+        assert_eq!(m.take(2, B, 1000), Take::Allowed);
+        // 2 tokens/s: one token back after 500 ms, not before.
+        assert!(matches!(m.take(1, B, 1400), Take::Limited { .. }));
+        assert_eq!(m.take(1, B, 1900), Take::Allowed);
+        assert!(matches!(m.take(1, B, 1900), Take::Limited { .. }));
+        // After a long pause the bucket is full again, never more.
+        for _ in 0..3 {
+            assert_eq!(m.take(1, B, 60_000), Take::Allowed);
+        }
+        assert!(matches!(m.take(1, B, 60_000), Take::Limited { .. }));
+    }
+
+    #[test]
+    fn retry_after_is_the_time_to_the_next_token() {
+        let m = BucketMap::new(10_000);
+        let slow = Bucket {
+            rate: 0.1,
+            burst: 1.0,
+        };
+        assert_eq!(m.take(9, slow, 0), Take::Allowed);
+        assert_eq!(
+            m.take(9, slow, 0),
+            Take::Limited {
+                retry_after_secs: 10
+            }
+        );
+    }
+
+    #[test]
+    fn idle_buckets_are_evicted_and_come_back_full() {
+        let m = BucketMap::new(10_000);
+        for k in 0..100 {
+            m.take(k, B, 0);
+        }
+        m.take(5, B, 50_000);
+        assert_eq!(m.evict_idle(30_000, 60_000), 99);
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_never_grows_the_map_past_its_cap() {
+        let m = BucketMap::new(64 * 100);
+        for k in 0..200_000u64 {
+            m.take(k, B, k / 1000);
+        }
+        assert!(m.len() <= 64 * 100 + 64, "{}", m.len());
+    }
+
+    #[test]
+    fn ipv6_clients_share_their_64_prefix_and_mapped_v4_is_v4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(ip_key(a), ip_key(b));
+        assert_ne!(ip_key(a), ip_key(c));
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().unwrap();
+        assert_eq!(ip_key(v4), ip_key(mapped));
+    }
+
+    #[test]
+    fn route_buckets_are_shared_by_every_client() {
+        let mut limits = Limits {
+            per_ip: Bucket {
+                rate: 1000.0,
+                burst: 1000.0,
+            },
+            ..Limits::default()
+        };
+        limits.routes.insert(
+            "reserve".into(),
+            Bucket {
+                rate: 1.0,
+                burst: 2.0,
+            },
+        );
+        let r = RateLimiter::new(10_000);
+        let ip = |n: u8| IpAddr::from([10, 0, 0, n]);
+        assert_eq!(
+            r.check_ip(ip(1), RouteClass::Reserve, &limits, 0),
+            Take::Allowed
+        );
+        assert_eq!(
+            r.check_ip(ip(2), RouteClass::Reserve, &limits, 0),
+            Take::Allowed
+        );
+        assert!(matches!(
+            r.check_ip(ip(3), RouteClass::Reserve, &limits, 0),
+            Take::Limited { .. }
+        ));
+        // Other routes have no route bucket.
+        assert_eq!(
+            r.check_ip(ip(3), RouteClass::Activities, &limits, 0),
+            Take::Allowed
+        );
+    }
+}
