@@ -1,0 +1,465 @@
+//! The gateway for tests: [`spawn_gateway`] runs the built `gateway` binary (pingora
+//! owns its process: signals, threads, exit) as a child process with a generated
+//! config on free ports, and waits for `/readyz`. Needs `cargo build -p gateway --bins`.
+//!
+//! The config has `dev.enabled = true`, so [`GatewayHandle::dev_token`] gets a JWT for
+//! any user; [`GatewayHandle::jwt`] signs one locally (also expired ones).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::process::{free_port, wait_until_async, workspace_bin, ChildGuard};
+use crate::{RedisCluster, SERVICE_TOKEN};
+
+/// JWT secret of the generated config.
+pub const JWT_SECRET: &str = "test-jwt-secret-0123456789";
+/// Purchase-token secret of the generated config.
+pub const PURCHASE_SECRET: &str = "test-purchase-secret-0123456789";
+
+/// A gateway child process; killed when dropped.
+#[derive(Debug)]
+pub struct GatewayHandle {
+    pub port: u16,
+    pub admin_port: u16,
+    pub child: ChildGuard,
+    /// Config file (`gateway.toml`) and log (`gateway.log`) live here.
+    pub dir: tempfile::TempDir,
+    config: gateway::toml::Table,
+}
+
+impl GatewayHandle {
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `http://127.0.0.1:<admin port>` (`/metrics`, `/healthz`, `/readyz`).
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.toml")
+    }
+
+    /// The config it was started with (after the tweak).
+    pub fn config(&self) -> &gateway::toml::Table {
+        &self.config
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    /// A JWT for `user` from `POST /api/v1/dev/token`.
+    pub async fn dev_token(&self, user: &str) -> String {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/dev/token", self.base_url()))
+            .json(&serde_json::json!({ "user_id": user }))
+            .send()
+            .await
+            .expect("dev token request");
+        assert_eq!(r.status(), 200, "dev token");
+        let v: serde_json::Value = r.json().await.expect("dev token json");
+        v["token"].as_str().expect("token").to_string()
+    }
+
+    /// A JWT signed locally with the config's secret, valid `ttl_secs` from
+    /// `now_unix_ms` (pass a time in the past for an expired token).
+    pub fn jwt(&self, user: &str, ttl_secs: u64, now_unix_ms: u64) -> String {
+        let auth = gateway::config::Auth {
+            jwt_alg: "HS256".into(),
+            jwt_secret: JWT_SECRET.into(),
+            jwt_public_key_path: String::new(),
+            jwt_leeway_secs: 0,
+            purchase_token_secret: PURCHASE_SECRET.into(),
+            purchase_token_ttl_secs: 60,
+        };
+        gateway::auth::Jwt::from_config(&auth)
+            .expect("jwt")
+            .issue(user, ttl_secs, now_unix_ms)
+            .expect("hs256 issues")
+            .0
+    }
+
+    /// Writes a new config (same ports) and sends SIGHUP.
+    pub fn reload(&mut self, tweak: impl FnOnce(&mut gateway::toml::Table)) {
+        tweak(&mut self.config);
+        std::fs::write(self.config_path(), self.config.to_string()).expect("write config");
+        let pid = self.child.id().expect("running");
+        let ok = std::process::Command::new("kill")
+            .arg("-HUP")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill -HUP");
+        assert!(ok.success());
+    }
+
+    /// Waits until `GET /api/v1/activities/{a}` answers 200 (the edge has read it
+    /// from Redis).
+    pub async fn wait_activity(&self, a: u64) {
+        let url = format!("{}/api/v1/activities/{a}", self.base_url());
+        let http = reqwest::Client::new();
+        wait_until_async(
+            "the gateway to know the activity",
+            Duration::from_secs(20),
+            || {
+                let (http, url) = (http.clone(), url.clone());
+                async move { matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) }
+            },
+        )
+        .await;
+    }
+}
+
+/// The generated config before the tweak.
+pub fn base_config(
+    redis: &RedisCluster,
+    stockd_addr: &str,
+    orderd_addr: &str,
+    port: u16,
+    admin_port: u16,
+    dir: &Path,
+) -> gateway::toml::Table {
+    let nodes = redis
+        .nodes()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let d = dir.display();
+    let text = format!(
+        r#"
+[server]
+listen = ["127.0.0.1:{port}"]
+threads = 1
+admin_listen = "127.0.0.1:{admin_port}"
+h2c = true
+pid_file = "{d}/gateway.pid"
+upgrade_sock = "{d}/upgrade.sock"
+grace_period_secs = 0
+graceful_shutdown_timeout_secs = 1
+access_log = true
+
+[redis]
+nodes = [{nodes}]
+refresh_ms = 500
+stock_poll_ms = 100
+timeout_ms = 1000
+
+[upstreams]
+stockd = "http://{stockd_addr}"
+orderd = "http://{orderd_addr}"
+service_token = "{SERVICE_TOKEN}"
+connect_timeout_ms = 300
+reserve_deadline_ms = 1000
+order_deadline_ms = 2000
+
+[auth]
+jwt_secret = "{JWT_SECRET}"
+jwt_leeway_secs = 0
+purchase_token_secret = "{PURCHASE_SECRET}"
+purchase_token_ttl_secs = 60
+
+[limits]
+per_ip = {{ rate = 100000.0, burst = 100000.0 }}
+per_user = {{ rate = 100000.0, burst = 100000.0 }}
+
+[bans]
+auto_ban_threshold = 0
+
+[protection]
+request_read_ms = 5000
+
+[dev]
+enabled = true
+"#
+    );
+    text.parse().expect("generated config is TOML")
+}
+
+/// Starts a gateway for `redis`, stockd at `stockd_addr` and orderd at `orderd_addr`
+/// (`host:port`), with `tweak` applied to the generated config, and waits for
+/// `/readyz` (activities read, backends serving).
+pub async fn spawn_gateway(
+    redis: &RedisCluster,
+    stockd_addr: &str,
+    orderd_addr: &str,
+    tweak: impl FnOnce(&mut gateway::toml::Table),
+) -> GatewayHandle {
+    let mut h = start(redis, stockd_addr, orderd_addr, tweak);
+    wait_http(&mut h, "/readyz").await;
+    h
+}
+
+/// [`spawn_gateway`] that waits only for `/healthz` (for tests with a backend down).
+pub async fn spawn_gateway_unready(
+    redis: &RedisCluster,
+    stockd_addr: &str,
+    orderd_addr: &str,
+    tweak: impl FnOnce(&mut gateway::toml::Table),
+) -> GatewayHandle {
+    let mut h = start(redis, stockd_addr, orderd_addr, tweak);
+    wait_http(&mut h, "/healthz").await;
+    h
+}
+
+fn start(
+    redis: &RedisCluster,
+    stockd_addr: &str,
+    orderd_addr: &str,
+    tweak: impl FnOnce(&mut gateway::toml::Table),
+) -> GatewayHandle {
+    let dir = tempfile::Builder::new()
+        .prefix("seckill-gateway-")
+        .tempdir()
+        .expect("tempdir");
+    let (port, admin_port) = (free_port(None), free_port(None));
+    let mut config = base_config(
+        redis,
+        stockd_addr,
+        orderd_addr,
+        port,
+        admin_port,
+        dir.path(),
+    );
+    tweak(&mut config);
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config.to_string()).expect("write config");
+    let mut cmd = std::process::Command::new(workspace_bin("gateway"));
+    cmd.arg("-c").arg(&path);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info");
+    }
+    let child =
+        ChildGuard::spawn("gateway", cmd, &dir.path().join("gateway.log")).expect("spawn gateway");
+    GatewayHandle {
+        port,
+        admin_port,
+        child,
+        dir,
+        config,
+    }
+}
+
+async fn wait_http(h: &mut GatewayHandle, path: &str) {
+    let url = format!("{}{path}", h.admin_url());
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) {
+            return;
+        }
+        assert!(h.child.is_running(), "gateway exited; log:\n{}", h.log());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gateway {path} not OK after 30 s; log:\n{}",
+            h.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sets `section.key = value` in a config table (creating the section).
+pub fn set(
+    config: &mut gateway::toml::Table,
+    section: &str,
+    key: &str,
+    value: impl Into<gateway::toml::Value>,
+) {
+    let t = config
+        .entry(section.to_string())
+        .or_insert_with(|| gateway::toml::Value::Table(Default::default()));
+    if let gateway::toml::Value::Table(t) = t {
+        t.insert(key.to_string(), value.into());
+    }
+}
+
+/// A `{ rate, burst }` bucket value.
+pub fn bucket(rate: f64, burst: f64) -> gateway::toml::Value {
+    let mut t = gateway::toml::Table::new();
+    t.insert("rate".into(), rate.into());
+    t.insert("burst".into(), burst.into());
+    gateway::toml::Value::Table(t)
+}
+
+/// A raw HTTP/1.1 connection, for tests that need to control the bytes or to keep
+/// one connection across requests.
+#[derive(Debug)]
+pub struct RawHttp {
+    pub stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+/// A parsed raw response.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl RawHttp {
+    pub async fn connect(port: u16) -> Self {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        Self {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await
+    }
+
+    /// Reads one response with a Content-Length body. `None` when the server closed
+    /// the connection first.
+    pub async fn response(&mut self) -> Option<RawResponse> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&self.buf[..end]).to_string();
+                let mut lines = head.split("\r\n");
+                let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+                let headers: Vec<(String, String)> = lines
+                    .filter_map(|l| l.split_once(':'))
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .collect();
+                let len: usize = headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(0);
+                while self.buf.len() < end + 4 + len {
+                    let mut chunk = [0u8; 4096];
+                    let n = self.stream.read(&mut chunk).await.ok()?;
+                    if n == 0 {
+                        return None;
+                    }
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                let body = self.buf[end + 4..end + 4 + len].to_vec();
+                self.buf.drain(..end + 4 + len);
+                return Some(RawResponse {
+                    status,
+                    headers,
+                    body,
+                });
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends a GET and reads its response.
+    pub async fn get(&mut self, path: &str, extra_headers: &str) -> Option<RawResponse> {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: gw\r\n{extra_headers}\r\n");
+        self.send(req.as_bytes()).await.ok()?;
+        self.response().await
+    }
+
+    /// True once the peer has closed the connection (read returns 0 or an error).
+    pub async fn closed(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 1024];
+        loop {
+            match self.stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+/// A TCP proxy in front of a backend that can be paused: while paused, bytes from
+/// the gateway are held, so calls hang in flight (admission and deadline tests).
+#[derive(Debug)]
+pub struct PausableProxy {
+    pub addr: String,
+    paused: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PausableProxy {
+    pub async fn start(upstream: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (paused, rx) = tokio::sync::watch::channel(false);
+        let upstream = upstream.to_string();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let upstream = upstream.clone();
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut rx = rx;
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if rx.wait_for(|p| !*p).await.is_err() {
+                                return;
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        Self { addr, paused, task }
+    }
+
+    pub fn pause(&self) {
+        let _ = self.paused.send(true);
+    }
+
+    pub fn resume(&self) {
+        let _ = self.paused.send(false);
+    }
+}
+
+impl Drop for PausableProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,94 @@
+//! The same checks for every daemon: gRPC health, and server reflection (v1 and
+//! v1alpha) as ghz and grpcurl use it.
+
+use std::time::Duration;
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint};
+
+/// A channel to `addr` (`host:port`), retried until it connects or 10 s pass.
+pub async fn channel(addr: &str) -> Channel {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_secs(2));
+    let mut last = None;
+    for _ in 0..500 {
+        match endpoint.connect().await {
+            Ok(ch) => return ch,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("cannot connect to {addr}: {last:?}");
+}
+
+/// `grpc.health.v1.Health/Check` for `service` ("" = the whole server).
+pub async fn health(
+    addr: &str,
+    service: &str,
+) -> tonic_health::pb::health_check_response::ServingStatus {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let mut client = HealthClient::new(channel(addr).await);
+    let resp = client
+        .check(HealthCheckRequest {
+            service: service.to_string(),
+        })
+        .await
+        .expect("health check");
+    resp.into_inner().status()
+}
+
+/// Services listed by reflection v1.
+pub async fn reflection_services_v1(addr: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    let mut client = ServerReflectionClient::new(channel(addr).await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .expect("reflection v1")
+        .into_inner();
+    let mut names = Vec::new();
+    while let Some(msg) = stream.next().await {
+        if let Some(MessageResponse::ListServicesResponse(list)) =
+            msg.expect("reflection v1 answer").message_response
+        {
+            names.extend(list.service.into_iter().map(|s| s.name));
+        }
+    }
+    names
+}
+
+/// Services listed by reflection v1alpha (the protocol ghz falls back to).
+pub async fn reflection_services_v1alpha(addr: &str) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
+    };
+    let mut client = ServerReflectionClient::new(channel(addr).await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = client
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner();
+    let mut names = Vec::new();
+    while let Some(msg) = stream.next().await {
+        if let Some(MessageResponse::ListServicesResponse(list)) =
+            msg.expect("reflection v1alpha answer").message_response
+        {
+            names.extend(list.service.into_iter().map(|s| s.name));
+        }
+    }
+    names
+}

@@ -1,0 +1,413 @@
+//! orderd for tests: in-process on port 0 ([`spawn_orderd`], [`spawn_orderd_with`]) or
+//! as a child process ([`spawn_orderd_process`], for kill -9), plus seeding helpers
+//! that need no stockd: an activity and its items in MySQL, warmed into Redis with
+//! the real WARM script ([`seed_activity`]), and reservations made with the real
+//! RESERVE script ([`reserve_direct`]).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::Value;
+use orderd::Config;
+use seckill_lua::{keys, scripts, ActivityId, ItemId};
+use seckill_proto::auth::AttachToken;
+use seckill_proto::pb::order_service_client::OrderServiceClient;
+use seckill_proto::shutdown::{Shutdown, Trigger};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::process::{free_port, workspace_bin, ChildGuard};
+use crate::{RedisCluster, TestDb, SERVICE_TOKEN};
+
+/// An OrderService client that sends the harness's service token.
+pub type OrderClient = OrderServiceClient<InterceptedService<Channel, AttachToken>>;
+
+/// The callback secret of [`test_config`].
+pub const CALLBACK_SECRET: &str = "test-callback-secret-0123456789";
+
+/// orderd's test config for this cluster and database ([`Config::for_test`]).
+pub fn test_config(redis: &RedisCluster, db: &TestDb) -> Config {
+    let mut c = Config::for_test(redis.nodes(), &db.url(), SERVICE_TOKEN);
+    c.payment.callback_secret = CALLBACK_SECRET.into();
+    c
+}
+
+/// An orderd running inside the test process; stops when dropped.
+#[derive(Debug)]
+pub struct OrderdHandle {
+    /// gRPC address.
+    pub addr: SocketAddr,
+    /// The config it runs with.
+    pub config: Config,
+    /// Its metrics.
+    pub metrics: orderd::Metrics,
+    trigger: Option<Trigger>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl OrderdHandle {
+    /// `host:port`.
+    pub fn addr_str(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// A client with the service token.
+    pub async fn order_client(&self) -> OrderClient {
+        order_client(&self.addr_str()).await
+    }
+
+    /// Graceful stop: fires shutdown and waits for `run` to return.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(t) = self.trigger.take() {
+            t.fire();
+        }
+        match self.task.take() {
+            Some(task) => task.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for OrderdHandle {
+    fn drop(&mut self) {
+        if let Some(t) = self.trigger.take() {
+            t.fire();
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A client for an orderd at `addr`, with the service token.
+pub async fn order_client(addr: &str) -> OrderClient {
+    let channel = crate::grpc::channel(addr).await;
+    OrderServiceClient::with_interceptor(channel, AttachToken::new(SERVICE_TOKEN).unwrap())
+}
+
+/// orderd in-process with [`test_config`], ready (health SERVING) when it returns.
+pub async fn spawn_orderd(redis: &RedisCluster, db: &TestDb) -> OrderdHandle {
+    spawn_orderd_with(redis, db, |_| {}).await
+}
+
+/// [`spawn_orderd`] with a config tweak (short timeouts, batch sizes, ...).
+pub async fn spawn_orderd_with(
+    redis: &RedisCluster,
+    db: &TestDb,
+    tweak: impl FnOnce(&mut Config),
+) -> OrderdHandle {
+    let mut config = test_config(redis, db);
+    tweak(&mut config);
+    spawn_orderd_config(config).await
+}
+
+/// orderd in-process with exactly `config` (its listen address is ignored: port 0).
+pub async fn spawn_orderd_config(config: Config) -> OrderdHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind port 0");
+    let addr = listener.local_addr().expect("local addr");
+    let (trigger, shutdown) = Shutdown::new();
+    let metrics = orderd::Metrics::new();
+    let task = tokio::spawn(orderd::run_with_metrics(
+        config.clone(),
+        listener,
+        None,
+        shutdown,
+        metrics.clone(),
+    ));
+    wait_serving(&addr.to_string()).await;
+    OrderdHandle {
+        addr,
+        config,
+        metrics,
+        trigger: Some(trigger),
+        task: Some(task),
+    }
+}
+
+async fn wait_serving(addr: &str) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    crate::process::wait_until_async("orderd SERVING", Duration::from_secs(30), || async {
+        crate::grpc::health(addr, "seckill.v1.OrderService").await == ServingStatus::Serving
+    })
+    .await;
+}
+
+/// orderd as a child process (the binary `orderd`, built first with
+/// `cargo build -p orderd --bins`); SIGKILLed when dropped.
+#[derive(Debug)]
+pub struct OrderdProcess {
+    pub addr: String,
+    pub child: ChildGuard,
+    pub config: Config,
+    dir: tempfile::TempDir,
+}
+
+impl OrderdProcess {
+    /// The log file of the process (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("orderd.log")).unwrap_or_default()
+    }
+}
+
+/// Starts the `orderd` binary with [`test_config`] + `tweak` on a free port and waits
+/// until it serves.
+pub async fn spawn_orderd_process(
+    redis: &RedisCluster,
+    db: &TestDb,
+    tweak: impl FnOnce(&mut Config),
+) -> OrderdProcess {
+    let mut config = test_config(redis, db);
+    // The process's own name: <hostname>-<pid>, so a restart is a new consumer.
+    config.consumer.name = None;
+    tweak(&mut config);
+    let port = free_port(None);
+    config.grpc.listen = format!("127.0.0.1:{port}");
+    let dir = tempfile::Builder::new()
+        .prefix("seckill-orderd-")
+        .tempdir()
+        .expect("tempdir");
+    let path = dir.path().join("orderd.toml");
+    std::fs::write(&path, config.to_toml()).expect("write config");
+    let mut cmd = std::process::Command::new(workspace_bin("orderd"));
+    cmd.arg("-c").arg(&path);
+    if std::env::var("RUST_LOG").is_err() {
+        cmd.env("RUST_LOG", "info");
+    }
+    let child =
+        ChildGuard::spawn("orderd", cmd, &dir.path().join("orderd.log")).expect("spawn orderd");
+    let addr = format!("127.0.0.1:{port}");
+    wait_serving(&addr).await;
+    OrderdProcess {
+        addr,
+        child,
+        config,
+        dir,
+    }
+}
+
+/// An activity seeded without stockd.
+#[derive(Debug, Clone)]
+pub struct Seeded {
+    pub activity: ActivityId,
+    pub items: Vec<ItemId>,
+    pub shards: u32,
+}
+
+/// Inserts a PUBLISHED activity (window: an hour ago to an hour ahead) with one item
+/// per `(stock, sale price cents)` into MySQL, and warms every shard in Redis with
+/// the real WARM script (stock split with `split_stock`), the meta hash and the
+/// activity set, as stockd's publish does.
+pub async fn seed_activity(
+    redis: &Client,
+    db: &TestDb,
+    shards: u32,
+    items: &[(u32, i64)],
+) -> Seeded {
+    let pool = db.pool();
+    let now = chrono_now_ms();
+    let activity: u64 = sqlx::query(
+        "INSERT INTO activities (title, start_at, end_at, shard_count, status, published_at) \
+         VALUES ('test sale', FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, 'PUBLISHED', NOW(3))",
+    )
+    .bind(now - 3_600_000)
+    .bind(now + 3_600_000)
+    .bind(shards)
+    .execute(pool)
+    .await
+    .expect("insert activity")
+    .last_insert_id();
+    let mut ids = Vec::new();
+    for (k, (stock, price)) in items.iter().enumerate() {
+        let id = sqlx::query(
+            "INSERT INTO activity_items (activity_id, title, price_cents, sale_price_cents, total_stock, stock) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(activity)
+        .bind(format!("item {k}"))
+        .bind(price * 2)
+        .bind(*price)
+        .bind(*stock)
+        .bind(*stock)
+        .execute(pool)
+        .await
+        .expect("insert item")
+        .last_insert_id();
+        ids.push(id);
+    }
+    let epoch = seckill_lua::ids::epoch_from_millis(now as u64);
+    let splits: Vec<Vec<u64>> = items
+        .iter()
+        .map(|(stock, _)| seckill_lua::split_stock(u64::from(*stock), shards))
+        .collect();
+    for i in 0..shards {
+        let mut k = vec![keys::fence(activity, i)];
+        let mut args = vec![epoch.clone(), "0".to_string()];
+        for (n, id) in ids.iter().enumerate() {
+            k.push(keys::stock(activity, i, *id));
+            args.push(splits[n][i as usize].to_string());
+        }
+        let _: Value = eval(redis, &scripts::WARM, k, args).await;
+    }
+    let mut meta: Vec<(String, String)> = vec![
+        (keys::meta::TITLE.into(), "test sale".into()),
+        (keys::meta::START_MS.into(), (now - 3_600_000).to_string()),
+        (keys::meta::END_MS.into(), (now + 3_600_000).to_string()),
+        (keys::meta::SHARDS.into(), shards.to_string()),
+        (
+            keys::meta::ITEMS.into(),
+            ids.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+        ),
+        (keys::meta::VERSION.into(), "1".into()),
+    ];
+    for (n, id) in ids.iter().enumerate() {
+        meta.push((
+            format!("{}{id}", keys::meta::ITEM_STOCK),
+            items[n].0.to_string(),
+        ));
+        meta.push((
+            format!("{}{id}", keys::meta::ITEM_PRICE),
+            items[n].1.to_string(),
+        ));
+        meta.push((
+            format!("{}{id}", keys::meta::ITEM_TITLE),
+            format!("item {n}"),
+        ));
+    }
+    let _: Value = redis.hset(keys::meta(activity), meta).await.expect("meta");
+    let _: Value = redis
+        .sadd(keys::ACTIVITIES, activity.to_string())
+        .await
+        .expect("activities set");
+    Seeded {
+        activity,
+        items: ids,
+        shards,
+    }
+}
+
+/// What the RESERVE script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    /// RESERVED, RETRY, DUPLICATE, SOLD_OUT or LOST.
+    pub outcome: String,
+    pub rid: String,
+    pub left: i64,
+}
+
+/// Calls the real RESERVE script on `user`'s home shard, as stockd's Reserve does.
+pub async fn reserve_direct(
+    redis: &Client,
+    a: ActivityId,
+    s: ItemId,
+    shards: u32,
+    user: &str,
+    req: &str,
+) -> Reserved {
+    let h = seckill_lua::home_shard(user, shards);
+    let reply: Value = eval(
+        redis,
+        &scripts::RESERVE,
+        vec![
+            keys::fence(a, h),
+            keys::stock(a, h, s),
+            keys::buyers(a, h, s),
+            keys::orders_stream(a, h),
+            keys::seq(a, h),
+        ],
+        vec![
+            a.to_string(),
+            s.to_string(),
+            h.to_string(),
+            user.to_string(),
+            req.to_string(),
+            chrono_now_ms().to_string(),
+        ],
+    )
+    .await;
+    let parts = reply.into_array();
+    Reserved {
+        outcome: parts
+            .first()
+            .and_then(|v| v.as_string())
+            .unwrap_or_default(),
+        rid: parts.get(1).and_then(|v| v.as_string()).unwrap_or_default(),
+        left: parts.get(2).and_then(|v| v.as_i64()).unwrap_or(-1),
+    }
+}
+
+/// Units left in Redis for item `s` over every shard.
+pub async fn redis_stock(redis: &Client, a: ActivityId, s: ItemId, shards: u32) -> i64 {
+    let mut total = 0;
+    for i in 0..shards {
+        let n: Option<i64> = redis.get(keys::stock(a, i, s)).await.expect("get stock");
+        total += n.unwrap_or(0);
+    }
+    total
+}
+
+/// EVALSHA, falling back to EVAL on NOSCRIPT.
+pub async fn eval(
+    redis: &Client,
+    script: &scripts::Script,
+    keys: Vec<String>,
+    args: Vec<String>,
+) -> Value {
+    match redis
+        .evalsha::<Value, _, _, _>(script.sha1(), keys.clone(), args.clone())
+        .await
+    {
+        Err(e) if e.details().starts_with("NOSCRIPT") => redis
+            .eval(script.body, keys, args)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", script.name)),
+        other => other.unwrap_or_else(|e| panic!("{}: {e}", script.name)),
+    }
+}
+
+/// Orders in MySQL by status.
+pub async fn count_orders(db: &TestDb, status: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE status = ?")
+        .bind(status)
+        .fetch_one(db.pool())
+        .await
+        .expect("count orders");
+    n
+}
+
+/// Every order in MySQL.
+pub async fn count_all_orders(db: &TestDb) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders")
+        .fetch_one(db.pool())
+        .await
+        .expect("count orders");
+    n
+}
+
+/// MySQL stock of an item.
+pub async fn mysql_stock(db: &TestDb, item: ItemId) -> i64 {
+    let (n,): (u32,) = sqlx::query_as("SELECT stock FROM activity_items WHERE id = ?")
+        .bind(item)
+        .fetch_one(db.pool())
+        .await
+        .expect("item stock");
+    i64::from(n)
+}
+
+/// Waits until MySQL holds `n` orders (any state).
+pub async fn wait_orders(db: &TestDb, n: i64, timeout: Duration) {
+    crate::process::wait_until_async(&format!("{n} orders in MySQL"), timeout, || async {
+        count_all_orders(db).await >= n
+    })
+    .await;
+}
+
+/// Unix ms now.
+pub fn chrono_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

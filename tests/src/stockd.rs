@@ -1,0 +1,296 @@
+//! stockd for tests: [`spawn_stockd`] runs it in-process on port 0 against the
+//! test's Redis Cluster and database; [`spawn_stockd_process`] runs the built binary
+//! as a child process (for kill tests). [`create_published_activity`] creates and
+//! publishes an activity in one call, for every team's tests.
+
+use std::time::Duration;
+
+use seckill_proto::auth::AttachToken;
+use seckill_proto::pb;
+use seckill_proto::pb::admin_service_client::AdminServiceClient;
+use seckill_proto::pb::stock_service_client::StockServiceClient;
+use seckill_proto::shutdown::{Shutdown, Trigger};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::process::{free_port, workspace_bin, ChildGuard};
+use crate::{RedisCluster, TestDb, SERVICE_TOKEN};
+
+/// A StockService client that sends the harness' service token.
+pub type StockClient = StockServiceClient<InterceptedService<Channel, AttachToken>>;
+/// An AdminService client that sends the harness' service token.
+pub type AdminClient = AdminServiceClient<InterceptedService<Channel, AttachToken>>;
+
+/// The config [`spawn_stockd`] uses, to adjust before [`spawn_stockd_with`].
+pub fn stockd_config(redis: &RedisCluster, db: &TestDb) -> stockd::Config {
+    stockd::Config::for_test(redis.nodes(), db.url(), SERVICE_TOKEN)
+}
+
+/// stockd running in this process. Stops (shutdown signal) when dropped.
+pub struct StockdHandle {
+    /// `127.0.0.1:port` of the gRPC server.
+    pub addr: String,
+    /// `127.0.0.1:port` of `/metrics`.
+    pub admin_addr: String,
+    /// The daemon's metrics.
+    pub metrics: stockd::Metrics,
+    trigger: Trigger,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl std::fmt::Debug for StockdHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StockdHandle")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl StockdHandle {
+    /// A StockService client with the service token attached.
+    pub async fn stock_client(&self) -> StockClient {
+        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+        StockServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+    }
+
+    /// An AdminService client with the service token attached.
+    pub async fn admin_client(&self) -> AdminClient {
+        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+        AdminServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+    }
+
+    /// Fires the shutdown signal and waits for `run` to return.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.trigger.fire();
+        match self.task.take() {
+            Some(t) => t.await?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for StockdHandle {
+    fn drop(&mut self) {
+        self.trigger.fire();
+    }
+}
+
+/// stockd in-process on port 0 with the harness defaults; returns once it is ready
+/// (health SERVING: activities loaded).
+pub async fn spawn_stockd(redis: &RedisCluster, db: &TestDb) -> StockdHandle {
+    spawn_stockd_with(stockd_config(redis, db)).await
+}
+
+/// [`spawn_stockd`] with a config of the test's making.
+pub async fn spawn_stockd_with(config: stockd::Config) -> StockdHandle {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind grpc");
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind admin");
+    let addr = grpc.local_addr().expect("addr").to_string();
+    let admin_addr = admin.local_addr().expect("addr").to_string();
+    let (trigger, shutdown) = Shutdown::new();
+    let metrics = stockd::Metrics::new();
+    let task = tokio::spawn(stockd::run_with_metrics(
+        config,
+        grpc,
+        Some(admin),
+        shutdown,
+        metrics.clone(),
+    ));
+    wait_serving(&addr).await;
+    StockdHandle {
+        addr,
+        admin_addr,
+        metrics,
+        trigger,
+        task: Some(task),
+    }
+}
+
+async fn wait_serving(addr: &str) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    crate::process::wait_until_async("stockd SERVING", Duration::from_secs(20), || async {
+        crate::grpc::health(addr, "seckill.v1.StockService").await == ServingStatus::Serving
+    })
+    .await;
+}
+
+/// Creates an activity with `items` as (stock, sale price in cents) over `shards`
+/// shards (0 = default 8), its window starting `start_in` from now (zero: already
+/// open, started a second ago) and lasting `length`, and publishes it now.
+pub async fn create_published_activity(
+    h: &StockdHandle,
+    items: &[(u32, i64)],
+    shards: u32,
+    start_in: Duration,
+    length: Duration,
+) -> pb::Activity {
+    let mut admin = h.admin_client().await;
+    create_published_activity_with(&mut admin, items, shards, start_in, length).await
+}
+
+/// [`create_published_activity`] through any admin client (for example one to a
+/// child-process stockd).
+pub async fn create_published_activity_with(
+    admin: &mut AdminClient,
+    items: &[(u32, i64)],
+    shards: u32,
+    start_in: Duration,
+    length: Duration,
+) -> pb::Activity {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64;
+    let start = if start_in.is_zero() {
+        now - 1000
+    } else {
+        now + start_in.as_millis() as i64
+    };
+    let req = pb::CreateActivityRequest {
+        title: "test sale".into(),
+        start_at_ms: start,
+        end_at_ms: start + length.as_millis().max(1) as i64,
+        shard_count: if shards == 0 {
+            seckill_lua::DEFAULT_SHARDS
+        } else {
+            shards
+        },
+        per_user_limit: 1,
+        items: items
+            .iter()
+            .enumerate()
+            .map(|(k, (stock, price))| pb::ItemSpec {
+                title: format!("item {k}"),
+                price_cents: price * 2,
+                sale_price_cents: *price,
+                stock: *stock,
+            })
+            .collect(),
+    };
+    let created = admin
+        .create_activity(req)
+        .await
+        .expect("create activity")
+        .into_inner();
+    admin
+        .publish_activity(pb::PublishActivityRequest {
+            activity_id: created.id,
+            publish_at_ms: 0,
+        })
+        .await
+        .expect("publish activity")
+        .into_inner()
+        .activity
+        .expect("activity")
+}
+
+/// stockd as a child process (the built `stockd` binary), for kill tests.
+#[derive(Debug)]
+pub struct StockdProcess {
+    /// `127.0.0.1:port` of the gRPC server.
+    pub addr: String,
+    pub admin_addr: String,
+    pub child: ChildGuard,
+    /// Config file and log (`stockd.log`) live here.
+    pub dir: tempfile::TempDir,
+}
+
+impl StockdProcess {
+    pub async fn stock_client(&self) -> StockClient {
+        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+        StockServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+    }
+
+    pub async fn admin_client(&self) -> AdminClient {
+        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+        AdminServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stockd.log")).unwrap_or_default()
+    }
+}
+
+/// Runs `stockd -c <generated config>` on free ports and waits until it is ready.
+/// Needs `cargo build -p stockd --bins` first.
+pub async fn spawn_stockd_process(redis: &RedisCluster, db: &TestDb) -> StockdProcess {
+    let dir = tempfile::Builder::new()
+        .prefix("seckill-stockd-")
+        .tempdir()
+        .expect("tempdir");
+    let (grpc_port, admin_port) = (free_port(None), free_port(None));
+    let nodes = redis
+        .nodes()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = format!(
+        "[grpc]\nlisten = \"127.0.0.1:{grpc_port}\"\nservice_token = \"{SERVICE_TOKEN}\"\n\
+         drain_ms = 2000\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
+         [redis]\nnodes = [{nodes}]\n[mysql]\nurl = \"{}\"\n\
+         [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n",
+        db.url()
+    );
+    let path = dir.path().join("stockd.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut cmd = std::process::Command::new(workspace_bin("stockd"));
+    cmd.arg("-c").arg(&path);
+    let child =
+        ChildGuard::spawn("stockd", cmd, &dir.path().join("stockd.log")).expect("spawn stockd");
+    let addr = format!("127.0.0.1:{grpc_port}");
+    wait_serving(&addr).await;
+    StockdProcess {
+        addr,
+        admin_addr: format!("127.0.0.1:{admin_port}"),
+        child,
+        dir,
+    }
+}
+
+/// One Reserve call.
+pub async fn reserve(
+    c: &mut StockClient,
+    activity: u64,
+    item: u64,
+    user: &str,
+    request: &str,
+) -> Result<pb::ReserveResponse, tonic::Status> {
+    c.reserve(pb::ReserveRequest {
+        activity_id: activity,
+        item_id: item,
+        user_id: user.into(),
+        request_id: request.into(),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// Units per shard of an item, read straight from Redis (a missing key is 0).
+pub async fn shard_stock(
+    redis: &fred::clients::Client,
+    activity: u64,
+    item: u64,
+    shards: u32,
+) -> Vec<i64> {
+    use fred::interfaces::KeysInterface;
+    let mut out = Vec::new();
+    for i in 0..shards {
+        let n: Option<i64> = redis
+            .get(seckill_lua::keys::stock(activity, i, item))
+            .await
+            .expect("GET stock");
+        out.push(n.unwrap_or(0));
+    }
+    out
+}

@@ -1,0 +1,71 @@
+#![cfg(feature = "gateway")]
+//! `gateway -t`: the shipped config validates; a bad one is refused with one line that
+//! names the file and the field, before any socket, Redis or backend is touched.
+
+use seckill_tests::process::workspace_bin;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
+fn check(path: &std::path::Path) -> (bool, String) {
+    let out = Command::new(workspace_bin("gateway"))
+        .arg("-t")
+        .arg("-c")
+        .arg(path)
+        .output()
+        .expect("run gateway -t");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn the_shipped_config_passes_gateway_t() {
+    let (ok, text) = check(&repo_file("deploy/local/gateway.toml"));
+    assert!(ok, "{text}");
+    // And through the library, with env overrides applied the same way.
+    let c = gateway::config::load(&repo_file("deploy/local/gateway.toml")).unwrap();
+    assert_eq!(c.server.listen, vec!["127.0.0.1:8080"]);
+    assert_eq!(c.server.admin_listen, "127.0.0.1:9091");
+    assert_eq!(c.upstreams.service_token, "local-dev-service-token");
+}
+
+#[test]
+fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
+    let shipped = std::fs::read_to_string(repo_file("deploy/local/gateway.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (broken, field) in [
+        (shipped.replace("k = 2.0", "k = -1.0"), "admission.k"),
+        (
+            shipped.replace("deny = [\"203.0.113.0/24\"]", "deny = [\"not-an-ip\"]"),
+            "bans.deny[0]",
+        ),
+        (shipped.replace("threads = 1", "threadz = 1"), "server"),
+        (
+            shipped.replace(
+                "stockd = \"http://127.0.0.1:50051\"",
+                "stockd = \"127.0.0.1\"",
+            ),
+            "upstreams.stockd",
+        ),
+    ] {
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, broken).unwrap();
+        let (ok, text) = check(&path);
+        assert!(!ok, "accepted a bad config for {field}");
+        assert_eq!(text.trim().lines().count(), 1, "{text}");
+        assert!(text.contains("gateway.toml"), "{text}");
+        assert!(text.contains(field), "{field}: {text}");
+    }
+    let (ok, text) = check(&dir.path().join("missing.toml"));
+    assert!(!ok);
+    assert!(text.contains("missing.toml"), "{text}");
+}

@@ -1,0 +1,150 @@
+#![cfg(feature = "orderd")]
+//! orderd under faults: kill -9 mid-stream, MySQL down mid-stream. Nothing lost,
+//! nothing doubled.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use futures::StreamExt;
+use seckill_lua::keys;
+use seckill_tests::orderd::{
+    count_all_orders, mysql_stock, reserve_direct, seed_activity, spawn_orderd_process,
+    spawn_orderd_with, wait_orders,
+};
+use seckill_tests::process::wait_until_async;
+use seckill_tests::{init_tracing, RedisCluster, TestDb};
+
+/// Reserves for `users` with `parallel` calls in flight; returns the reservation ids.
+async fn reserve_all(
+    redis: Arc<Client>,
+    a: u64,
+    s: u64,
+    shards: u32,
+    users: Vec<String>,
+    parallel: usize,
+) -> Vec<String> {
+    futures::stream::iter(users)
+        .map(|u| {
+            let redis = redis.clone();
+            async move { reserve_direct(&redis, a, s, shards, &u, "q").await }
+        })
+        .buffer_unordered(parallel)
+        .filter_map(|r| async move { (r.outcome == "RESERVED").then_some(r.rid) })
+        .collect()
+        .await
+}
+
+async fn assert_exactly_once(db: &TestDb, rids: &[String], item: u64, total: i64) {
+    let ids: Vec<(String,)> = sqlx::query_as("SELECT id FROM orders")
+        .fetch_all(db.pool())
+        .await
+        .unwrap();
+    let ids: HashSet<String> = ids.into_iter().map(|r| r.0).collect();
+    assert_eq!(ids.len(), rids.len(), "one order per reservation");
+    assert_eq!(ids, rids.iter().cloned().collect::<HashSet<_>>());
+    let (pending,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE status = 'PENDING'")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(pending, rids.len() as i64);
+    let (logs,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM stock_log")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(logs, rids.len() as i64, "one stock log row per order");
+    assert_eq!(mysql_stock(db, item).await, total - rids.len() as i64);
+}
+
+async fn streams_empty(redis: &Client, a: u64, shards: u32) -> bool {
+    for i in 0..shards {
+        let n: u64 = redis.xlen(keys::orders_stream(a, i)).await.unwrap();
+        if n > 0 {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn kill_9_of_orderd_mid_stream_loses_nothing_and_doubles_nothing() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let redis = Arc::new(cluster.client().await);
+    let seeded = seed_activity(&redis, &db, 8, &[(4000, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let tweak = |c: &mut orderd::Config| {
+        c.consumer.claim_idle_ms = 1000;
+        c.consumer.batch_size = 20;
+    };
+    let mut first = spawn_orderd_process(&cluster, &db, tweak).await;
+    let users: Vec<String> = (0..2000).map(|u| format!("k9-{u}")).collect();
+    let reserver = tokio::spawn(reserve_all(redis.clone(), a, s, 8, users, 8));
+    wait_until_async("some orders written", Duration::from_secs(60), || async {
+        count_all_orders(&db).await >= 200
+    })
+    .await;
+    first.child.kill();
+    let at_kill = count_all_orders(&db).await;
+    eprintln!("killed with {at_kill} orders written");
+    let second = spawn_orderd_process(&cluster, &db, tweak).await;
+    let rids = reserver.await.unwrap();
+    assert_eq!(rids.len(), 2000);
+    wait_orders(&db, 2000, Duration::from_secs(90)).await;
+    wait_until_async("streams empty", Duration::from_secs(30), || async {
+        streams_empty(&redis, a, 8).await
+    })
+    .await;
+    assert_exactly_once(&db, &rids, s, 4000).await;
+    drop(second);
+}
+
+#[tokio::test]
+async fn mysql_down_for_seconds_mid_stream_backs_off_then_drains_the_backlog() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let mut db = TestDb::create_owned().await;
+    let redis = Arc::new(cluster.client().await);
+    let seeded = seed_activity(&redis, &db, 4, &[(3000, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let orderd = spawn_orderd_with(&cluster, &db, |c| {
+        c.consumer.batch_size = 25;
+        c.consumer.claim_idle_ms = 1000;
+        c.consumer.backoff_base_ms = 50;
+        c.consumer.backoff_cap_ms = 800;
+        c.mysql.acquire_timeout_ms = 500;
+    })
+    .await;
+    let users: Vec<String> = (0..1200).map(|u| format!("db-{u}")).collect();
+    let reserver = tokio::spawn(reserve_all(redis.clone(), a, s, 4, users, 4));
+    wait_until_async("some orders written", Duration::from_secs(60), || async {
+        count_all_orders(&db).await >= 100
+    })
+    .await;
+    db.server().unwrap().stop();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let failures = orderd.metrics.batch_failures.get();
+    let lag: i64 = (0..4)
+        .map(|i| {
+            orderd
+                .metrics
+                .stream_lag
+                .with_label_values(&[keys::orders_stream(a, i).as_str()])
+                .get()
+        })
+        .sum();
+    eprintln!("while down: {failures} failed batches, lag {lag}");
+    assert!(failures > 0, "consumers noticed MySQL was down");
+    db.server().unwrap().restart();
+    let rids = reserver.await.unwrap();
+    assert_eq!(rids.len(), 1200);
+    wait_orders(&db, 1200, Duration::from_secs(90)).await;
+    wait_until_async("streams empty", Duration::from_secs(30), || async {
+        streams_empty(&redis, a, 4).await
+    })
+    .await;
+    assert_exactly_once(&db, &rids, s, 3000).await;
+    orderd.stop().await.unwrap();
+}

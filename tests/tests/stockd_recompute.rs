@@ -1,0 +1,252 @@
+#![cfg(feature = "stockd")]
+//! Redis losing state mid-sale: stockd rebuilds every shard from MySQL before the
+//! item reopens, answers UNAVAILABLE (never RESERVED) meanwhile, and never oversells.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use fred::prelude::*;
+use seckill_lua::keys;
+use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::process::wait_until_async;
+use seckill_tests::stockd::{
+    create_published_activity, reserve, shard_stock, spawn_stockd, StockClient,
+};
+use seckill_tests::{init_tracing, RedisCluster, TestDb};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// What orderd does with a reservation, by hand: an order row and MySQL stock − 1.
+async fn make_order(db: &TestDb, a: u64, s: u64, user: &str, req: &str, rid: &str) {
+    let shard = rid.parse::<seckill_lua::ReservationId>().unwrap().shard;
+    sqlx::query(
+        "INSERT INTO orders (id, activity_id, item_id, user_id, request_id, shard, amount_cents, \
+         status, reserved_at) VALUES (?, ?, ?, ?, ?, ?, 100, 'PENDING', NOW(3))",
+    )
+    .bind(rid)
+    .bind(a)
+    .bind(s)
+    .bind(user)
+    .bind(req)
+    .bind(shard)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE activity_items SET stock = stock - 1 WHERE id = ? AND stock >= 1")
+        .bind(s)
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+async fn stock_status(c: &mut StockClient, a: u64, s: u64) -> Option<pb::GetStockResponse> {
+    c.get_stock(pb::GetStockRequest {
+        activity_id: a,
+        item_id: s,
+    })
+    .await
+    .ok()
+    .map(|r| r.into_inner())
+}
+
+/// Every call at once; answers that are not UNAVAILABLE, by user.
+async fn crowd(
+    c: &StockClient,
+    a: u64,
+    s: u64,
+    calls: Vec<(String, String)>,
+) -> Vec<(String, pb::ReserveResponse)> {
+    let tasks: Vec<_> = calls
+        .into_iter()
+        .map(|(user, req)| {
+            let mut c = c.clone();
+            tokio::spawn(async move { (user.clone(), reserve(&mut c, a, s, &user, &req).await) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        let (user, r) = t.await.unwrap();
+        match r {
+            Ok(r) => out.push((user, r)),
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_redis_flush_mid_sale_is_recomputed_from_mysql_and_nothing_is_oversold() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(100, 100)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    // 30 sold and written as orders.
+    let mut buyers = Vec::new();
+    for u in 0..30 {
+        let user = format!("early-{u}");
+        let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+        make_order(&db, a, s, &user, "r", &r.reservation_id).await;
+        buyers.push(user);
+    }
+    cluster.flush_all();
+    // The fence check notices with nobody buying, and the item reopens with 70.
+    wait_until_async("the recompute", Duration::from_secs(30), || {
+        let mut c = c.clone();
+        async move {
+            matches!(stock_status(&mut c, a, s).await, Some(st) if st.available && st.remaining == 70)
+        }
+    })
+    .await;
+    let st = stock_status(&mut c, a, s).await.unwrap();
+    assert_eq!(st.reserved, 30, "buyers rebuilt from the orders");
+    let mut calls: Vec<(String, String)> = Vec::new();
+    for round in 0..2 {
+        for u in 0..1000 {
+            calls.push((format!("late-{u}"), format!("late-{u}-{round}")));
+        }
+    }
+    for u in &buyers {
+        calls.push((u.clone(), "second-try".into()));
+    }
+    let answers = crowd(&c, a, s, calls).await;
+    let winners: HashSet<&String> = answers
+        .iter()
+        .filter(|(_, r)| r.outcome() == ReserveOutcome::Reserved)
+        .map(|(u, _)| u)
+        .collect();
+    let reserved = answers
+        .iter()
+        .filter(|(_, r)| r.outcome() == ReserveOutcome::Reserved)
+        .count();
+    assert_eq!(reserved, 70, "exactly the units MySQL still had");
+    assert_eq!(winners.len(), 70);
+    assert!(
+        buyers.iter().all(|b| !winners.contains(b)),
+        "early buyers stay one per user"
+    );
+    let redis = cluster.client().await;
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    assert_eq!(shards.iter().sum::<i64>(), 0);
+    assert!(h.metrics.recomputes.with_label_values(&["ok"]).get() >= 1);
+}
+
+#[tokio::test]
+async fn a_lost_fence_rebuilds_the_activity_keeping_reservations_in_flight() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(50, 100)], 4, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    let mut held = Vec::new();
+    for u in 0..20 {
+        let user = format!("inflight-{u}");
+        let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+        held.push((user, r.reservation_id));
+    }
+    // 5 of them already ordered, 15 still in the streams only.
+    for (user, rid) in &held[..5] {
+        make_order(&db, a, s, user, "r", rid).await;
+    }
+    let redis = cluster.client().await;
+    let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
+    // Meanwhile Reserve is UNAVAILABLE or an honest answer; never beyond the stock.
+    wait_until_async("the recompute", Duration::from_secs(30), || {
+        let mut c = c.clone();
+        async move {
+            matches!(stock_status(&mut c, a, s).await, Some(st) if st.available && st.remaining == 30)
+        }
+    })
+    .await;
+    let st = stock_status(&mut c, a, s).await.unwrap();
+    assert_eq!(st.reserved, 20);
+    for (user, rid) in &held {
+        let r = reserve(&mut c, a, s, user, "other").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Duplicate);
+        assert_eq!(&r.reservation_id, rid);
+    }
+    let calls = (0..200)
+        .map(|u| (format!("new-{u}"), "r".to_string()))
+        .collect();
+    let answers = crowd(&c, a, s, calls).await;
+    let reserved = answers
+        .iter()
+        .filter(|(_, r)| r.outcome() == ReserveOutcome::Reserved)
+        .count();
+    assert_eq!(reserved, 30);
+    let shards = shard_stock(&redis, a, s, 4).await;
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    // New ids differ from every old one (new epoch).
+    let rids: HashSet<String> = answers
+        .iter()
+        .map(|(_, r)| r.reservation_id.clone())
+        .collect();
+    assert!(held.iter().all(|(_, rid)| !rids.contains(rid)));
+}
+
+#[tokio::test]
+async fn reserve_answers_unavailable_while_a_node_is_down_and_recovers_after_it_returns_empty() {
+    init_tracing();
+    let mut cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let mut cfg = seckill_tests::stockd::stockd_config(&cluster, &db);
+    cfg.redis.timeout_ms = 300;
+    let h = seckill_tests::stockd::spawn_stockd_with(cfg).await;
+    let act = create_published_activity(&h, &[(40, 100)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    cluster.kill_node(0);
+    let calls: Vec<(String, String)> = (0..40).map(|u| (format!("d-{u}"), "r".into())).collect();
+    let mut unavailable = 0;
+    let mut reserved = 0;
+    for (user, req) in &calls {
+        let mut c = c.clone();
+        let r = tokio::time::timeout(Duration::from_secs(15), reserve(&mut c, a, s, user, req))
+            .await
+            .expect("an answer, never a hang");
+        match r {
+            Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
+            Ok(r) => panic!("{r:?}"),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                unavailable += 1;
+            }
+        }
+    }
+    assert!(unavailable > 0, "some home shards live on the dead node");
+    cluster.restart_node(0);
+    // The node came back empty: its shards have no fence; stockd rebuilds.
+    let mut c2 = c.clone();
+    wait_until_async("the recompute", Duration::from_secs(40), || {
+        let mut c = c2.clone();
+        async move { matches!(stock_status(&mut c, a, s).await, Some(st) if st.available) }
+    })
+    .await;
+    let st = stock_status(&mut c2, a, s).await.unwrap();
+    // Reservations on the surviving shards are in flight (their streams survived);
+    // the lost node's are gone with it, so the total may only be lower. A call
+    // answered UNAVAILABLE may still have reserved (its outcome is unknown): the
+    // client's retry with the same request id finds it.
+    assert!(st.remaining + st.reserved <= 40, "{st:?}");
+    let mut calls = calls.clone();
+    calls.extend((0..100).map(|u| (format!("after-{u}"), "r".to_string())));
+    let answers = crowd(&c, a, s, calls).await;
+    let winners: HashSet<String> = answers
+        .iter()
+        .filter(|(_, r)| r.outcome() == ReserveOutcome::Reserved)
+        .map(|(_, r)| r.reservation_id.clone())
+        .collect();
+    assert!(winners.len() <= 40, "{}", winners.len());
+    assert!(reserved <= 40);
+    let after = stock_status(&mut c2, a, s).await.unwrap();
+    assert_eq!(after.remaining, 0, "every remaining unit sells: {after:?}");
+    let shards = shard_stock(&cluster.client().await, a, s, 8).await;
+    assert!(shards.iter().all(|&n| n == 0), "{shards:?}");
+}

@@ -1,0 +1,294 @@
+#![cfg(feature = "stockd")]
+//! Reserve and Release under real concurrency on a real 3-master Redis Cluster:
+//! no oversell, one unit per user, every unit sells, retries and releases are
+//! idempotent.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use fred::prelude::*;
+use seckill_lua::{home_shard, keys};
+use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::stockd::{create_published_activity, spawn_stockd, StockClient};
+use seckill_tests::{init_tracing, RedisCluster, TestDb};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+async fn reserve(
+    c: &mut StockClient,
+    a: u64,
+    s: u64,
+    user: &str,
+    req: &str,
+) -> Result<pb::ReserveResponse, tonic::Status> {
+    c.reserve(pb::ReserveRequest {
+        activity_id: a,
+        item_id: s,
+        user_id: user.into(),
+        request_id: req.into(),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutcome {
+    c.release(pb::ReleaseRequest {
+        reservation_id: rid.into(),
+        user_id: user.into(),
+        reason: "cancelled".into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .outcome()
+}
+
+async fn shard_stock(redis: &Client, a: u64, s: u64, shards: u32) -> Vec<i64> {
+    let mut out = Vec::new();
+    for i in 0..shards {
+        out.push(
+            redis
+                .get::<Option<i64>, _>(keys::stock(a, i, s))
+                .await
+                .unwrap()
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+async fn stream_len(redis: &Client, a: u64, shards: u32) -> i64 {
+    let mut n = 0;
+    for i in 0..shards {
+        n += redis
+            .xlen::<i64, _>(keys::orders_stream(a, i))
+            .await
+            .unwrap();
+    }
+    n
+}
+
+/// Fires every call at once and collects (user, answer).
+async fn crowd(
+    c: &StockClient,
+    a: u64,
+    s: u64,
+    calls: Vec<(String, String)>,
+) -> Vec<(String, Result<pb::ReserveResponse, tonic::Status>)> {
+    let tasks: Vec<_> = calls
+        .into_iter()
+        .map(|(user, req)| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let r = reserve(&mut c, a, s, &user, &req).await;
+                (user, r)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn two_thousand_concurrent_reservations_from_a_thousand_users_sell_exactly_the_stock() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    let mut calls = Vec::new();
+    for round in 0..2 {
+        for u in 0..1000 {
+            calls.push((format!("user-{u}"), format!("req-{u}-{round}")));
+        }
+    }
+    let answers = crowd(&c, a, s, calls).await;
+    let mut reserved_users = HashSet::new();
+    let mut rids = HashSet::new();
+    let mut reserved = 0;
+    for (user, r) in &answers {
+        let r = r.as_ref().expect("no errors without faults");
+        match r.outcome() {
+            ReserveOutcome::Reserved => {
+                reserved += 1;
+                reserved_users.insert(user.clone());
+                rids.insert(r.reservation_id.clone());
+            }
+            ReserveOutcome::Duplicate | ReserveOutcome::SoldOut => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(reserved, 100);
+    assert_eq!(reserved_users.len(), 100);
+    assert_eq!(rids.len(), 100);
+    let redis = cluster.client().await;
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    assert_eq!(shards.iter().sum::<i64>(), 0, "{shards:?}");
+    assert_eq!(stream_len(&redis, a, 8).await, 100);
+    // Sold out: flag set and answered at once.
+    let sold: bool = redis.exists::<i64, _>(keys::sold_out(a, s)).await.unwrap() == 1;
+    assert!(sold);
+    let mut c2 = c.clone();
+    let r = reserve(&mut c2, a, s, "late-comer", "x").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+}
+
+#[tokio::test]
+async fn users_skewed_onto_two_home_shards_still_buy_every_unit() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    // 300 users whose home shard is 0 or 1: the other 6 shards (75 units) must move.
+    let users: Vec<String> = (0..)
+        .map(|u| format!("skewed-{u}"))
+        .filter(|u| home_shard(u, 8) <= 1)
+        .take(300)
+        .collect();
+    let c = h.stock_client().await;
+    let calls = users
+        .iter()
+        .map(|u| (u.clone(), format!("{u}-r")))
+        .collect();
+    let answers = crowd(&c, a, s, calls).await;
+    let reserved = answers
+        .iter()
+        .filter(|(_, r)| r.as_ref().unwrap().outcome() == ReserveOutcome::Reserved)
+        .count();
+    let redis = cluster.client().await;
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    assert_eq!(reserved, 100, "left per shard: {shards:?}");
+    assert_eq!(shards.iter().sum::<i64>(), 0);
+    // The false sold-out count is reported (whatever it is).
+    let mut admin = h.admin_client().await;
+    let st = admin
+        .get_activity_status(pb::GetActivityStatusRequest { activity_id: a })
+        .await
+        .unwrap()
+        .into_inner();
+    eprintln!("false sold-outs: {}", st.items[0].false_sold_out);
+    assert_eq!(st.items[0].remaining, 0);
+    assert_eq!(st.items[0].reserved, 100);
+}
+
+#[tokio::test]
+async fn a_retry_with_the_same_request_id_returns_the_same_reservation() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(5, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    let first = reserve(&mut c, a, s, "bob", "req-1").await.unwrap();
+    assert_eq!(first.outcome(), ReserveOutcome::Reserved);
+    let again = reserve(&mut c, a, s, "bob", "req-1").await.unwrap();
+    assert_eq!(again.outcome(), ReserveOutcome::Reserved);
+    assert_eq!(again.reservation_id, first.reservation_id);
+    let other = reserve(&mut c, a, s, "bob", "req-2").await.unwrap();
+    assert_eq!(other.outcome(), ReserveOutcome::Duplicate);
+    assert_eq!(other.reservation_id, first.reservation_id);
+    let redis = cluster.client().await;
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 4);
+    assert_eq!(stream_len(&redis, a, 2).await, 1);
+}
+
+#[tokio::test]
+async fn releasing_twice_returns_one_unit_and_a_late_release_leaves_a_rebuy_alone() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(3, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+    let r1 = reserve(&mut c, a, s, "carol", "c-1").await.unwrap();
+    assert_eq!(r1.outcome(), ReserveOutcome::Reserved);
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 2);
+    assert_eq!(
+        release(&mut c, &r1.reservation_id, "carol").await,
+        pb::ReleaseOutcome::Released
+    );
+    assert_eq!(
+        release(&mut c, &r1.reservation_id, "carol").await,
+        pb::ReleaseOutcome::NotHeld
+    );
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 3);
+    // Re-buy, then the old reservation's release arrives late.
+    let r2 = reserve(&mut c, a, s, "carol", "c-2").await.unwrap();
+    assert_eq!(r2.outcome(), ReserveOutcome::Reserved);
+    assert_ne!(r2.reservation_id, r1.reservation_id);
+    assert_eq!(
+        release(&mut c, &r1.reservation_id, "carol").await,
+        pb::ReleaseOutcome::NotHeld
+    );
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 2);
+    let dup = reserve(&mut c, a, s, "carol", "c-3").await.unwrap();
+    assert_eq!(dup.outcome(), ReserveOutcome::Duplicate);
+    assert_eq!(dup.reservation_id, r2.reservation_id);
+    // Someone else's user id cannot release it.
+    assert_eq!(
+        release(&mut c, &r2.reservation_id, "mallory").await,
+        pb::ReleaseOutcome::NotHeld
+    );
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 2);
+}
+
+#[tokio::test]
+async fn selling_out_sets_the_flag_and_a_release_clears_it_with_messages() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(2, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let sub = cluster.client().await;
+    let mut rx = sub.message_rx();
+    sub.subscribe(keys::SOLD_OUT_CHANNEL).await.unwrap();
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+    let mut rids = Vec::new();
+    for u in 0..4 {
+        let r = reserve(&mut c, a, s, &format!("u{u}"), "r").await.unwrap();
+        if r.outcome() == ReserveOutcome::Reserved {
+            rids.push((format!("u{u}"), r.reservation_id));
+        }
+    }
+    assert_eq!(rids.len(), 2);
+    let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let m = seckill_lua::messages::SoldOut::parse(&msg.value.as_string().unwrap()).unwrap();
+    assert_eq!((m.activity, m.item, m.sold_out), (a, s, true));
+    assert_eq!(
+        redis.exists::<i64, _>(keys::sold_out(a, s)).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        release(&mut c, &rids[0].1, &rids[0].0).await,
+        pb::ReleaseOutcome::Released
+    );
+    let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let m = seckill_lua::messages::SoldOut::parse(&msg.value.as_string().unwrap()).unwrap();
+    assert_eq!((m.activity, m.item, m.sold_out), (a, s, false));
+    assert_eq!(
+        redis.exists::<i64, _>(keys::sold_out(a, s)).await.unwrap(),
+        0
+    );
+    let r = reserve(&mut c, a, s, "u9", "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+}
