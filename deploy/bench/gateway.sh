@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# deploy/bench/gateway.sh — the gateway against the reference nginx + ngx_lua of
+# ../shared/bench/reference (run-anchors.sh's nginx.conf.tmpl and lua/, used in place),
+# in one go, 1 worker each, for the three answers the edge exists to give cheaply:
+#   sold_out   ours: POST /api/v1/activities/1/items/7/reserve (item flagged sold out
+#              from Redis; answered 410 before any JWT work)
+#              nginx: GET /seckill-cached/1 (case B: lua_shared_dict-cached flag)
+#              nginx_mget: GET /seckill/1 (case A: Redis MGET per request), second anchor
+#   limited    ours: per-IP bucket 1/s burst 1 -> 429     nginx: /limited (limit_req 1r/s)
+#   banned     ours: bans.deny = 127.0.0.0/8 -> 403       nginx: deny 127.0.0.0/8 -> 403
+# Load: wrk -t1 -c64 -d10s --latency, RUNS runs, servers interleaved run by run,
+# medians; ratio = ours / nginx (req/s: higher is better; latency and CPU: lower is).
+# Then the memory case: RSS of the gateway after RSS_IPS distinct client IPs (sent as
+# X-Forwarded-For from a trusted proxy, each one creating a per-IP bucket).
+#
+# Output: ${RESULTS_DIR:-results}/gateway.tsv (case ours anchor ratio unit), a table on
+# stdout, raw wrk output under $WORK. Every process it starts is stopped by PID.
+#
+# Usage:  deploy/bench/gateway.sh                 (from the repo root)
+# Knobs:  CASES="sold_out limited banned rss"
+#         QUIET_MAX=0.3 QUIET_WAIT=15 (per run: wait for an idle machine)
+#         RUNS=3 DUR=10s CONNS=64 PIN=0 RSS_IPS=1000000 BUILD=1 DO_INSTALL=1 BENCH_TARGET=target/bench
+#         REF=<path to shared/bench/reference> WORK=/tmp/gateway-bench
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+REF=${REF:-$(cd "$ROOT/../shared/bench/reference" 2>/dev/null && pwd)}
+WORK=${WORK:-/tmp/gateway-bench}
+RESULTS_DIR=${RESULTS_DIR:-results}
+RUNS=${RUNS:-3}
+DUR=${DUR:-10s}
+CONNS=${CONNS:-64}
+PIN=${PIN:-0}
+RSS_IPS=${RSS_IPS:-1000000}
+CASES=${CASES:-"sold_out limited banned rss"}
+want() { [[ " $CASES " == *" $1 "* ]]; }
+BUILD=${BUILD:-1}
+DO_INSTALL=${DO_INSTALL:-1}
+REDIS_PORT=6390            # fixed by the reference lua (resp.lua)
+NGX_PORT=8081; NGX_DENY_PORT=8082   # fixed by nginx.conf.tmpl
+GW_PORT=${GW_PORT:-8193}; GW_ADMIN=${GW_ADMIN:-9193}
+# A target dir of its own: a release build here never waits on the workspace's
+# shared target/ lock (nor evicts its debug artifacts).
+BENCH_TARGET=${BENCH_TARGET:-$ROOT/target/bench}
+GW_BIN=$BENCH_TARGET/release/gateway
+CLK_TCK=$(getconf CLK_TCK)
+mkdir -p "$WORK" "$RESULTS_DIR"
+RESULTS_DIR=$(cd "$RESULTS_DIR" && pwd)
+TSV=$RESULTS_DIR/gateway.tsv
+
+SRV_SET=(); CLI_SET=()
+if [ "$PIN" = 1 ]; then SRV_SET=(taskset -c 0); CLI_SET=(taskset -c 1); fi
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+PIDS=()
+stop_pid() {
+    local p=$1 sig=${2:-TERM}
+    kill -0 "$p" 2>/dev/null || return 0
+    kill "-$sig" "$p" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+    return 0
+}
+cleanup() { for p in "${PIDS[@]}"; do stop_pid "$p" TERM; done; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+wait_port() {
+    for _ in $(seq 150); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
+    log "port $1 did not open"; return 1
+}
+
+[ -n "$REF" ] && [ -f "$REF/nginx.conf.tmpl" ] || { log "reference setup not found (REF=$REF)"; exit 1; }
+
+if [ "$DO_INSTALL" = 1 ]; then
+    need=""
+    command -v nginx >/dev/null || need+=" nginx"
+    [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || need+=" libnginx-mod-http-lua"
+    command -v redis-server >/dev/null || need+=" redis-server"
+    command -v redis-cli >/dev/null || need+=" redis-tools"
+    command -v wrk >/dev/null || need+=" wrk"
+    command -v curl >/dev/null || need+=" curl"
+    if [ -n "$need" ]; then
+        log "apt-get install$need"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >"$WORK/apt.log" 2>&1
+    fi
+fi
+if [ "$BUILD" = 1 ]; then
+    log "cargo build --release -p gateway"
+    (cd "$ROOT" && CARGO_TARGET_DIR=$BENCH_TARGET cargo build --release -p gateway --bins >"$WORK/build.log" 2>&1) || { log "build failed: $WORK/build.log"; exit 1; }
+fi
+
+# ------------------------------------------------------------------ redis (both sides)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+    --dir "$WORK" --logfile "$WORK/redis.log" &
+REDIS_PID=$!; PIDS+=("$REDIS_PID")
+wait_port "$REDIS_PORT" || exit 1
+rcli() { redis-cli -p "$REDIS_PORT" "$@" >/dev/null; }
+# nginx's keys (the reference seed): sku 1 sold out on 8 shards.
+rcli MSET stock:1:0 0 stock:1:1 0 stock:1:2 0 stock:1:3 0 stock:1:4 0 stock:1:5 0 stock:1:6 0 stock:1:7 0
+# ours (the seckill-lua key schema): activity 1, item 7, 8 shards, all empty, window open.
+rcli SADD sk:activities 1
+rcli HSET 'sk:{1}:meta' title bench start_ms 0 end_ms 4102444800000 shards 8 items 7 version 1 \
+    stock:7 1000 title:7 phone price:7 19900
+for i in 0 1 2 3 4 5 6 7; do rcli SET "sk:{1:$i}:stock:7" 0; done
+
+# ------------------------------------------------------------------ nginx (1 worker)
+NGX_DIR=$WORK/nginx
+mkdir -p "$NGX_DIR"
+sed -e "s|@WORKERS@|1|g" -e "s|@PREFIX@|$NGX_DIR|g" -e "s|@LUA_DIR@|$REF/lua|g" \
+    "$REF/nginx.conf.tmpl" >"$NGX_DIR/nginx.conf"
+nginx -t -q -p "$NGX_DIR/" -e "$NGX_DIR/error.log" -c "$NGX_DIR/nginx.conf" || { log "nginx -t failed"; exit 1; }
+"${SRV_SET[@]}" nginx -p "$NGX_DIR/" -e "$NGX_DIR/error.log" -c "$NGX_DIR/nginx.conf" &
+NGX_PID=$!; PIDS+=("$NGX_PID")
+wait_port "$NGX_PORT" && wait_port "$NGX_DENY_PORT" || exit 1
+sleep 0.5
+NGX_KIDS=($(ps -o pid= --ppid "$NGX_PID"))
+curl -s -o /dev/null "http://127.0.0.1:$NGX_PORT/limited"
+
+# ------------------------------------------------------------------ gateway configs
+gw_config() { # name, extra TOML appended
+    local dead1=1 dead2=2 f=$WORK/gateway-$1.toml
+    cat >"$f" <<TOML
+[server]
+listen = ["127.0.0.1:$GW_PORT"]
+threads = 1
+admin_listen = "127.0.0.1:$GW_ADMIN"
+pid_file = "$WORK/gateway.pid"
+upgrade_sock = "$WORK/gateway-upgrade.sock"
+grace_period_secs = 0
+graceful_shutdown_timeout_secs = 1
+access_log = false
+[redis]
+nodes = ["127.0.0.1:$REDIS_PORT"]
+cluster = false
+refresh_ms = 1000
+stock_poll_ms = 100
+[upstreams]
+stockd = "http://127.0.0.1:$dead1"
+orderd = "http://127.0.0.1:$dead2"
+service_token = "bench-token"
+[auth]
+jwt_secret = "bench-jwt-secret-0123456789"
+purchase_token_secret = "bench-purchase-secret-0123456789"
+$2
+TOML
+    echo "$f"
+}
+CFG_SOLD=$(gw_config sold_out '[limits]
+per_ip = { rate = 1000000000.0, burst = 1000000000.0 }
+[bans]
+auto_ban_threshold = 0')
+CFG_LIMITED=$(gw_config limited '[limits]
+per_ip = { rate = 1.0, burst = 1.0 }
+[bans]
+auto_ban_threshold = 0')
+CFG_BANNED=$(gw_config banned '[bans]
+deny = ["127.0.0.0/8"]
+auto_ban_threshold = 0')
+# Worst case for memory: buckets that stay "not full" (rate 0.001/s) cannot be dropped
+# losslessly, and max_tracked is above the flood, so every IP's bucket is held.
+CFG_RSS=$(gw_config rss "[limits]
+per_ip = { rate = 0.001, burst = 40.0 }
+max_tracked = 2000000
+idle_evict_secs = 3600
+[bans]
+trusted_proxies = [\"127.0.0.1\"]
+auto_ban_threshold = 0")
+
+GW_PID=""
+start_gw() { # config, url, expected status
+    "$GW_BIN" -t -c "$1" >/dev/null || { log "gateway -t failed for $1"; exit 1; }
+    RUST_LOG=warn "${SRV_SET[@]}" "$GW_BIN" -c "$1" >>"$WORK/gateway.log" 2>&1 &
+    GW_PID=$!; PIDS+=("$GW_PID")
+    wait_port "$GW_PORT" || exit 1
+    local code=""
+    for _ in $(seq 100); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' -X "${4:-GET}" "$2")
+        [ "$code" = "$3" ] && return 0
+        sleep 0.1
+    done
+    log "gateway check failed: $2 -> $code (want $3)"; exit 1
+}
+
+cpu_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
+parse_wrk() { # file -> rps p50_ms p99_ms requests
+    awk 'function ms(v){ if (v ~ /us$/) { sub(/us$/,"",v); return v/1000 } if (v ~ /ms$/) { sub(/ms$/,"",v); return v+0 }
+                         if (v ~ /s$/) { sub(/s$/,"",v); return v*1000 } return v+0 }
+         /Requests\/sec:/ { rps = $2 } /^ +50% / { p50 = ms($2) } /^ +99% / { p99 = ms($2) } /requests in/ { n = $1 }
+         END { printf "%s %.3f %.3f %d\n", rps, p50, p99, n }' "$1"
+}
+POST_LUA=$WORK/post.lua
+echo 'wrk.method = "POST"' >"$POST_LUA"
+
+one_run() { # tag url script pids... -> prints "rps p50 p99 us_per_req"
+    local tag=$1 url=$2 script=$3; shift 3
+    local f=$WORK/wrk-$tag.txt c0 c1 out n
+    c0=$(cpu_ticks "$@")
+    if [ -n "$script" ]; then
+        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency -s "$script" "$url" >"$f" 2>&1
+    else
+        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency "$url" >"$f" 2>&1
+    fi
+    c1=$(cpu_ticks "$@")
+    out=$(parse_wrk "$f"); n=$(echo "$out" | awk '{print $4}')
+    echo "$out" | awk -v c=$((c1 - c0)) -v hz="$CLK_TCK" '{ printf "%s %s %s %.2f\n", $1, $2, $3, ($4 > 0 ? c * 1e6 / hz / $4 : 0) }'
+}
+# Wait (up to QUIET_WAIT s) until the machine's other load is below QUIET_MAX cores, so
+# that both servers are measured on a machine as idle as can be had.
+QUIET_MAX=${QUIET_MAX:-0.3}; QUIET_WAIT=${QUIET_WAIT:-15}
+busy_cores() {
+    local a b
+    a=$(awk '/^cpu /{ b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat); sleep 1
+    b=$(awk '/^cpu /{ b = $2 + $3 + $4 + $7 + $8 + $9; print b, b + $5 + $6 }' /proc/stat)
+    awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN{ split(a, x, " "); split(b, y, " "); printf "%.2f", (y[1] - x[1]) / ((y[2] - x[2]) / n + 1e-9) }'
+}
+quiet_gate() {
+    local waited=0 busy
+    while :; do
+        busy=$(busy_cores)
+        awk -v b="$busy" -v m="$QUIET_MAX" 'BEGIN{ exit !(b < m) }' && return 0
+        if [ "$waited" -ge "$QUIET_WAIT" ]; then log "machine still busy ($busy cores); measuring anyway"; return 0; fi
+        waited=$((waited + 3)); sleep 2
+    done
+}
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
+
+printf 'case\tours\tanchor\tratio\tunit\n' >"$TSV"
+row() { # case ours anchor unit higher_is_better(1|0)
+    local ratio
+    ratio=$(awk -v o="$2" -v a="$3" 'BEGIN{ if (a > 0) printf "%.3f", o / a; else print "n/a" }')
+    printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$ratio" "$4" >>"$TSV"
+}
+
+bench_case() { # name ours_url ours_script nginx_url nginx_pids_name
+    local name=$1 ourl=$2 oscript=$3 nurl=$4
+    local o_rps=() o_p50=() o_p99=() o_us=() n_rps=() n_p50=() n_p99=() n_us=() r
+    "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d2s "$nurl" >/dev/null 2>&1
+    if [ -n "$oscript" ]; then "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d2s -s "$oscript" "$ourl" >/dev/null 2>&1
+    else "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d2s "$ourl" >/dev/null 2>&1; fi
+    for r in $(seq "$RUNS"); do
+        quiet_gate
+        read -r a b c d < <(one_run "nginx-$name-$r" "$nurl" "" "${NGX_KIDS[@]}")
+        n_rps+=("$a"); n_p50+=("$b"); n_p99+=("$c"); n_us+=("$d")
+        quiet_gate
+        read -r a b c d < <(one_run "ours-$name-$r" "$ourl" "$oscript" "$GW_PID")
+        o_rps+=("$a"); o_p50+=("$b"); o_p99+=("$c"); o_us+=("$d")
+        log "$name run $r: ours ${o_rps[-1]} req/s, nginx ${n_rps[-1]} req/s"
+    done
+    row "$name" "$(median "${o_rps[@]}")" "$(median "${n_rps[@]}")" "req/s"
+    row "${name}_p50" "$(median "${o_p50[@]}")" "$(median "${n_p50[@]}")" "ms"
+    row "${name}_p99" "$(median "${o_p99[@]}")" "$(median "${n_p99[@]}")" "ms"
+    row "${name}_cpu" "$(median "${o_us[@]}")" "$(median "${n_us[@]}")" "us/req"
+}
+
+RESERVE_URL="http://127.0.0.1:$GW_PORT/api/v1/activities/1/items/7/reserve"
+if want sold_out; then
+    log "case sold_out"
+    start_gw "$CFG_SOLD" "$RESERVE_URL" 410 POST
+    bench_case sold_out "$RESERVE_URL" "$POST_LUA" "http://127.0.0.1:$NGX_PORT/seckill-cached/1"
+    bench_case sold_out_vs_mget "$RESERVE_URL" "$POST_LUA" "http://127.0.0.1:$NGX_PORT/seckill/1"
+    stop_pid "$GW_PID" INT
+fi
+if want limited; then
+    log "case limited"
+    start_gw "$CFG_LIMITED" "http://127.0.0.1:$GW_PORT/api/v1/activities" 429
+    bench_case limited "http://127.0.0.1:$GW_PORT/api/v1/activities" "" "http://127.0.0.1:$NGX_PORT/limited"
+    stop_pid "$GW_PID" INT
+fi
+if want banned; then
+    log "case banned"
+    start_gw "$CFG_BANNED" "http://127.0.0.1:$GW_PORT/api/v1/activities" 403
+    bench_case banned "http://127.0.0.1:$GW_PORT/api/v1/activities" "" "http://127.0.0.1:$NGX_DENY_PORT/"
+    stop_pid "$GW_PID" INT
+fi
+want rss || { echo; column -t -s $'\t' "$TSV"; exit 0; }
+
+# ------------------------------------------------------------------ memory: 1M client IPs
+log "case rss: $RSS_IPS distinct client IPs"
+start_gw "$CFG_RSS" "$RESERVE_URL" 410 POST
+rss_kib() { awk '/^VmRSS:/{print $2}' "/proc/$1/status"; }
+RSS0=$(rss_kib "$GW_PID")
+IPS_LUA=$WORK/ips.lua
+cat >"$IPS_LUA" <<LUA
+local i = 0
+local limit = $RSS_IPS
+-- wrk starts a fresh Lua state per run: the first argument is where the last run stopped.
+init = function(args) i = tonumber(args[1]) or 0 end
+request = function()
+  i = i + 1
+  if i > limit then i = 1 end
+  local ip = string.format("10.%d.%d.%d", math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256)
+  return wrk.format("POST", nil, { ["X-Forwarded-For"] = ip })
+end
+LUA
+sent=0
+while [ "$sent" -lt "$RSS_IPS" ]; do
+    "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d10s -s "$IPS_LUA" "$RESERVE_URL" -- "$sent" >"$WORK/wrk-rss.txt" 2>&1
+    n=$(awk '/requests in/{print $1}' "$WORK/wrk-rss.txt"); sent=$((sent + ${n:-0}))
+    log "rss: $sent requests sent"
+    [ "${n:-0}" -gt 0 ] || break
+done
+sleep 6   # the sweeper publishes gateway_tracked_ips every 5 s
+TRACKED=$(curl -s "http://127.0.0.1:$GW_ADMIN/metrics" | awk '/^gateway_tracked_ips /{print $2}')
+RSS1=$(rss_kib "$GW_PID")
+stop_pid "$GW_PID" INT
+row rss_after_ips "$(awk -v k="$RSS1" 'BEGIN{printf "%.1f", k/1024}')" 64 "MiB (anchor = target)"
+row rss_baseline "$(awk -v k="$RSS0" 'BEGIN{printf "%.1f", k/1024}')" 64 "MiB before the flood"
+row tracked_ips "${TRACKED:-0}" "$RSS_IPS" "buckets held / IPs sent"
+
+echo
+echo "gateway vs nginx+ngx_lua, 1 worker each, wrk -t1 -c$CONNS -d$DUR, $RUNS runs (medians), PIN=$PIN"
+column -t -s $'\t' "$TSV"
+echo
+echo "TSV: $TSV   raw: $WORK"
+echo "reproduce: RUNS=$RUNS DUR=$DUR PIN=$PIN RSS_IPS=$RSS_IPS deploy/bench/gateway.sh"

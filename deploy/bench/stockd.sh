@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# stockd benchmark (issue 3): Reserve over gRPC at 64 concurrent callers versus the
+# same reserve.lua called directly (EVALSHA), in one run, on a 3-master Redis Cluster
+# and a MariaDB started by the test harness. Prints a table and writes
+# ${RESULTS_DIR:-results}/stockd.tsv (case, ours, anchor, ratio, unit).
+#
+# Knobs: BENCH_SECS (per case, default 8), BENCH_CONCURRENCY (default 64),
+# SECKILL_TEST_MYSQL_URL (reuse a MariaDB server instead of starting one).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export RESULTS_DIR="$(realpath -m "${RESULTS_DIR:-results}")"
+mkdir -p "$RESULTS_DIR"
+cargo build --release -p stockd --bins
+exec cargo test --release -p seckill-tests --no-default-features --features stockd \
+    --test stockd_bench -- --ignored --nocapture --test-threads=1

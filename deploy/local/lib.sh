@@ -1,0 +1,100 @@
+# shellcheck shell=bash
+# Shared helpers for the local stack scripts (sourced, not run).
+#
+# ROOT   the repository root          STATE  deploy/local/state (pid files, logs, data)
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+STATE=${SECKILL_STATE:-$ROOT/deploy/local/state}
+mkdir -p "$STATE/logs" "$STATE/pids"
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then SUDO=sudo; fi
+_apt_updated=0
+
+# ensure_pkg COMMAND PACKAGE...: installs the Debian packages when COMMAND is missing.
+ensure_pkg() {
+    local cmd=$1; shift
+    command -v "$cmd" >/dev/null 2>&1 && return 0
+    command -v apt-get >/dev/null 2>&1 || die "$cmd is missing and apt-get is not available: install $*"
+    if [ "$_apt_updated" = 0 ]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq >/dev/null || die "apt-get update failed"
+        _apt_updated=1
+    fi
+    log "installing $* (for $cmd)"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
+}
+
+# ensure_rust: cargo with rustfmt and clippy.
+ensure_rust() {
+    if ! command -v cargo >/dev/null 2>&1; then
+        [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+    command -v cargo >/dev/null 2>&1 || die "cargo is missing: install Rust with rustup (https://rustup.rs)"
+    if command -v rustup >/dev/null 2>&1; then
+        cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt >/dev/null 2>&1 || true
+        cargo clippy --version >/dev/null 2>&1 || rustup component add clippy >/dev/null 2>&1 || true
+    fi
+}
+
+# tcp_open PORT: something listens on 127.0.0.1:PORT.
+tcp_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_for WHAT SECONDS COMMAND...: polls COMMAND every 0.1 s.
+wait_for() {
+    local what=$1 secs=$2; shift 2
+    local tries=$((secs * 10))
+    for _ in $(seq "$tries"); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# pid_alive NAME: the process recorded in $STATE/pids/NAME.pid runs.
+pid_alive() {
+    local f="$STATE/pids/$1.pid"
+    [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# stop_pid NAME: SIGTERM, wait up to 10 s, then SIGKILL; removes the pid file.
+stop_pid() {
+    local f="$STATE/pids/$1.pid" pid
+    [ -f "$f" ] || return 0
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "$1 ($pid) did not stop on SIGTERM; killing"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$f"
+}
+
+# start_bg NAME COMMAND...: starts COMMAND detached, logging to $STATE/logs/NAME.log.
+start_bg() {
+    local name=$1; shift
+    setsid "$@" >>"$STATE/logs/$name.log" 2>&1 < /dev/null &
+    echo $! >"$STATE/pids/$name.pid"
+}
+
+# Binaries: release by default; SECKILL_PROFILE=debug reuses a debug build (CI).
+PROFILE=${SECKILL_PROFILE:-release}
+BIN="$ROOT/target/$PROFILE"
+
+build_bins() {
+    ensure_rust
+    ensure_pkg cc gcc
+    local flag=--release
+    [ "$PROFILE" = debug ] && flag=
+    log "building $PROFILE binaries (the first build takes several minutes)"
+    (cd "$ROOT" && cargo build $flag --bins -p stockd -p orderd -p gateway -p seckill-tests) || die "cargo build failed"
+}
+
+REDIS_PORTS=(7001 7002 7003)
+MYSQL_URL=${SECKILL_MYSQL_URL:-mysql://root@127.0.0.1:3306/seckill}

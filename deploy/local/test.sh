@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on this machine, installing what it needs when missing:
+# Rust's cargo, gcc, redis-server, MariaDB, Chromium and its driver (browser test).
+# Tests start their own Redis Cluster nodes on free ports; this script starts one MariaDB
+# server for the run on a free port (each test creates its own database in it) and stops it
+# at the end. Arguments go to `cargo test` (e.g. `./deploy/local/test.sh -p seckill-lua`).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ensure_rust
+ensure_pkg cc gcc
+ensure_pkg redis-server redis-server
+ensure_pkg redis-cli redis-tools
+ensure_pkg mariadbd mariadb-server
+ensure_pkg mariadb mariadb-client
+ensure_pkg curl curl
+ensure_pkg chromium chromium
+ensure_pkg chromedriver chromium-driver
+
+# ---------------------------------------------------------------- the suite's MariaDB
+SUITE_DIR=$(mktemp -d /tmp/seckill-test-mariadb.XXXXXX)
+MYSQL_PID=""
+cleanup() {
+    if [ -n "$MYSQL_PID" ] && kill -0 "$MYSQL_PID" 2>/dev/null; then
+        kill -TERM "$MYSQL_PID" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$MYSQL_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$MYSQL_PID" 2>/dev/null || true
+    fi
+    rm -rf "$SUITE_DIR"
+}
+trap cleanup EXIT
+
+port=""
+for _ in $(seq 50); do
+    candidate=$((20000 + RANDOM % 30000))
+    tcp_open "$candidate" || { port=$candidate; break; }
+done
+[ -n "$port" ] || die "no free port for the suite's MariaDB"
+mariadb-install-db --no-defaults --datadir="$SUITE_DIR/data" --auth-root-authentication-method=normal \
+    --skip-test-db --user="$(id -un)" >"$SUITE_DIR/install.log" 2>&1 || { cat "$SUITE_DIR/install.log" >&2; die "mariadb-install-db failed"; }
+mariadbd --no-defaults --datadir="$SUITE_DIR/data" --port="$port" --bind-address=127.0.0.1 \
+    --socket="$SUITE_DIR/mysqld.sock" --pid-file="$SUITE_DIR/mysqld.pid" --user="$(id -un)" --skip-log-bin \
+    --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --max-connections=1000 \
+    >"$SUITE_DIR/mariadbd.log" 2>&1 &
+MYSQL_PID=$!
+wait_for "suite MariaDB" 30 mariadb -h127.0.0.1 -P"$port" -uroot -e 'SELECT 1' \
+    || { cat "$SUITE_DIR/mariadbd.log" >&2; die "the suite's MariaDB did not start"; }
+export SECKILL_TEST_MYSQL_URL="mysql://root@127.0.0.1:$port"
+log "suite MariaDB on 127.0.0.1:$port"
+
+# ---------------------------------------------------------------- build, then test
+cd "$ROOT"
+log "building the binaries the child-process tests run"
+cargo build --workspace --bins
+log "running the tests"
+cargo test --workspace --no-fail-fast "$@"
