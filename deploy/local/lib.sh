@@ -28,8 +28,12 @@ ensure_pkg() {
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
 }
 
-# ensure_rust: cargo with rustfmt and clippy.
+# ensure_rust: cargo with rustfmt and clippy, and the C tools crates build with: gcc, g++ and
+# cmake (pingora compresses with zlib-ng, which libz-ng-sys builds with cmake).
 ensure_rust() {
+    ensure_pkg cc gcc
+    ensure_pkg c++ g++
+    ensure_pkg cmake cmake
     if ! command -v cargo >/dev/null 2>&1; then
         [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
     fi
@@ -97,4 +101,33 @@ build_bins() {
 }
 
 REDIS_PORTS=(7001 7002 7003)
+# The daemons' ports as the shipped configs in deploy/local/ set them: gRPC and metrics.
+DAEMON_PORTS=(50051 9092 50052 9093 8080 9091)
+
+# port_holder PORT: "name(pid)" of the process listening on 127.0.0.1:PORT, empty when none.
+port_holder() {
+    command -v ss >/dev/null 2>&1 || return 0
+    ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -n1 \
+        | sed 's/users:(("\([^"]*\)",pid=\([0-9]*\)/\1(\2)/'
+}
+
+# reserve_ports PORT...: keeps the kernel from handing these ports out as the local end of
+# outgoing connections (net.ipv4.ip_local_reserved_ports), so a stray client socket cannot hold
+# a port a daemon is about to listen on: 50051-50052 lie inside Linux's ephemeral range. Needs
+# root; without it (or in a container with a read-only /proc/sys) this is skipped.
+reserve_ports() {
+    local f=/proc/sys/net/ipv4/ip_local_reserved_ports cur want p
+    [ -r "$f" ] || return 0
+    cur=$(cat "$f")
+    want=$cur
+    for p in "$@"; do
+        case ",$cur," in *",$p,"*) ;; *) want="${want:+$want,}$p" ;; esac
+    done
+    [ "$want" = "$cur" ] && return 0
+    if [ "$(id -u)" = 0 ]; then
+        echo "$want" >"$f" 2>/dev/null || true
+    elif [ -n "$SUDO" ]; then
+        echo "$want" | $SUDO tee "$f" >/dev/null 2>&1 || true
+    fi
+}
 MYSQL_URL=${SECKILL_MYSQL_URL:-mysql://root@127.0.0.1:3306/seckill}

@@ -58,17 +58,22 @@ mariadb -h127.0.0.1 -P3306 -uroot -e 'CREATE DATABASE IF NOT EXISTS seckill' || 
 [ "${SKIP_BUILD:-0}" = 1 ] || build_bins
 for b in stockd orderd gateway seckillctl; do [ -x "$BIN/$b" ] || die "$BIN/$b is missing"; done
 
-daemon_up() { # name health-url [flags...]
-    local name=$1 url=$2; shift 2
+reserve_ports "${DAEMON_PORTS[@]}" "${REDIS_PORTS[@]}"
+daemon_up() { # name health-url ports [flags...]
+    local name=$1 url=$2 ports=$3 p holder; shift 3
     if pid_alive "$name" && curl -fsS "$url" >/dev/null 2>&1; then return 0; fi
     stop_pid "$name"
+    for p in $ports; do
+        holder=$(port_holder "$p")
+        [ -z "$holder" ] || die "$name cannot start: 127.0.0.1:$p is taken by $holder, which this stack did not start (a stack from another checkout? stop it with its own down.sh)"
+    done
     start_bg "$name" "$BIN/$name" -c "$ROOT/deploy/local/$name.toml" "$@"
     wait_for "$name" 60 curl -fsS "$url" || { tail -n 20 "$STATE/logs/$name.log" >&2; die "$name did not become healthy"; }
 }
 # stockd applies the migrations (idempotent) before it serves.
-daemon_up stockd http://127.0.0.1:9092/healthz --migrate
-daemon_up orderd http://127.0.0.1:9093/healthz
-daemon_up gateway http://127.0.0.1:9091/readyz
+daemon_up stockd http://127.0.0.1:9092/healthz "50051 9092" --migrate
+daemon_up orderd http://127.0.0.1:9093/healthz "50052 9093"
+daemon_up gateway http://127.0.0.1:9091/readyz "8080 9091"
 
 cat <<MSG
 The stack is up:
