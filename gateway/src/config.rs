@@ -55,12 +55,14 @@ pub struct Server {
     pub admin_listen: String,
     /// Accept HTTP/2 with prior knowledge (h2c) on the plain listeners. Default false.
     pub h2c: bool,
-    /// TLS listen address; empty disables TLS. Needs `tls_cert_path` and `tls_key_path`
-    /// and a gateway built with a pingora TLS feature. Default empty.
+    /// TLS listen address (`host:port`); empty disables TLS. Needs `tls_cert_path` and
+    /// `tls_key_path`. Served by rustls (TLS 1.2 and 1.3), offering `h2` and `http/1.1`
+    /// by ALPN. Default empty.
     pub tls_listen: String,
-    /// PEM certificate chain for `tls_listen`. Default empty.
+    /// PEM certificate chain for `tls_listen`, leaf first. Read at start (and by `-t`),
+    /// not on SIGHUP. Default empty.
     pub tls_cert_path: String,
-    /// PEM private key for `tls_listen`. Default empty.
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the leaf certificate. Default empty.
     pub tls_key_path: String,
     /// Pingora pid file (used by graceful upgrade). Default `/tmp/seckill-gateway.pid`.
     pub pid_file: String,
@@ -423,6 +425,61 @@ fn check_addr(a: &str, field: &str) -> Result<(), FieldError> {
     )
 }
 
+fn bad_pem(field: &str, path: &str, e: &pingora::Error) -> FieldError {
+    FieldError::new(
+        field,
+        format!("`{path}` is not valid PEM: {}", e.root_cause()),
+    )
+}
+
+/// The TLS listener's certificate chain and key, loaded the way pingora's rustls acceptor
+/// loads them when the listener starts (where a bad file is a panic, not an error): each
+/// file readable and holding PEM of the right kind, and the key the certificate's.
+fn check_tls_files(cert_path: &str, key_path: &str) -> Result<(), FieldError> {
+    use pingora::tls;
+    const CERT: &str = "server.tls_cert_path";
+    const KEY: &str = "server.tls_key_path";
+    let readable = |path: &str, field: &str| {
+        std::fs::read(path)
+            .map(drop)
+            .map_err(|e| FieldError::new(field, format!("cannot read `{path}`: {e}")))
+    };
+    readable(cert_path, CERT)?;
+    readable(key_path, KEY)?;
+    let first_cert =
+        tls::load_pem_file_ca(&cert_path.to_string()).map_err(|e| bad_pem(CERT, cert_path, &e))?;
+    ensure(
+        !first_cert.is_empty(),
+        CERT,
+        format!("`{cert_path}` holds no PEM certificate (BEGIN CERTIFICATE)"),
+    )?;
+    let key = tls::load_pem_file_private_key(&key_path.to_string())
+        .map_err(|e| bad_pem(KEY, key_path, &e))?;
+    ensure(
+        !key.is_empty(),
+        KEY,
+        format!("`{key_path}` holds no PEM private key (PKCS#8, PKCS#1 or SEC1)"),
+    )?;
+    let Ok(Some((chain, key))) = tls::load_certs_and_key_files(cert_path, key_path) else {
+        return Err(FieldError::new(
+            KEY,
+            format!("`{key_path}` holds no private key of a kind rustls loads"),
+        ));
+    };
+    // The same provider pingora installs before it builds the listener (ring).
+    tls::install_default_crypto_provider();
+    tls::ServerConfig::builder_with_protocol_versions(&[&tls::version::TLS12, &tls::version::TLS13])
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map(drop)
+        .map_err(|e| {
+            FieldError::new(
+                KEY,
+                format!("`{key_path}` is not usable with the certificate in `{cert_path}`: {e}"),
+            )
+        })
+}
+
 impl Validate for Config {
     fn validate(&self) -> Result<(), FieldError> {
         let s = &self.server;
@@ -452,6 +509,7 @@ impl Validate for Config {
                 "server.tls_key_path",
                 "required with tls_listen",
             )?;
+            check_tls_files(&s.tls_cert_path, &s.tls_key_path)?;
         }
         ensure(
             !s.pid_file.is_empty(),
@@ -693,6 +751,73 @@ purchase_token_secret = "fedcba9876543210fedc"
         .unwrap_err()
         .to_string();
         assert!(e.contains("limits.routes.whatever"), "{e}");
+    }
+
+    /// MINIMAL with a TLS listener on `cert` and `key`.
+    fn with_tls(cert: &std::path::Path, key: &std::path::Path) -> String {
+        format!(
+            "[server]\ntls_listen = \"127.0.0.1:8443\"\ntls_cert_path = \"{}\"\ntls_key_path = \"{}\"\n{MINIMAL}",
+            cert.display(),
+            key.display()
+        )
+    }
+
+    #[test]
+    fn tls_files_are_loaded_by_validation_and_a_bad_one_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let one = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        let cert = write("cert.pem", &one.cert.pem());
+        let key = write("key.pem", &one.signing_key.serialize_pem());
+        let other_key = write("other.pem", &other.serialize_pem());
+        let garbage = write("garbage.pem", "not pem at all\n");
+
+        let c = load(&with_tls(&cert, &key)).unwrap();
+        assert_eq!(c.server.tls_listen, "127.0.0.1:8443");
+
+        for (cert, key, field, says) in [
+            (
+                &cert,
+                &dir.join("missing.pem"),
+                "server.tls_key_path",
+                "cannot read",
+            ),
+            (
+                &dir.join("missing.pem"),
+                &key,
+                "server.tls_cert_path",
+                "cannot read",
+            ),
+            (&garbage, &key, "server.tls_cert_path", "no PEM certificate"),
+            (&key, &key, "server.tls_cert_path", "no PEM certificate"),
+            (&cert, &garbage, "server.tls_key_path", "no PEM private key"),
+            (&cert, &cert, "server.tls_key_path", "no PEM private key"),
+            (
+                &cert,
+                &other_key,
+                "server.tls_key_path",
+                "not usable with the certificate",
+            ),
+            (&cert, &dir, "server.tls_key_path", "cannot read"),
+        ] {
+            let e = load(&with_tls(cert, key)).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("g.toml: {field}: ")), "{e}");
+            assert!(e.contains(says), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        let e = load(&with_tls(&cert, std::path::Path::new("")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.tls_key_path: required with tls_listen"),
+            "{e}"
+        );
     }
 
     #[test]

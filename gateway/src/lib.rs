@@ -34,6 +34,7 @@ pub mod sold_out;
 pub use toml;
 
 use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -96,12 +97,14 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         svc.add_tcp(addr);
     }
     if !config.server.tls_listen.is_empty() {
-        svc.add_tls(
-            &config.server.tls_listen,
-            &config.server.tls_cert_path,
-            &config.server.tls_key_path,
-        )
-        .map_err(|e| anyhow::anyhow!("TLS listener: {e}"))?;
+        // rustls (pingora's `rustls` feature, ring provider). The files were checked when
+        // the config was loaded: pingora panics on a bad one when the listener starts.
+        let mut tls =
+            TlsSettings::intermediate(&config.server.tls_cert_path, &config.server.tls_key_path)
+                .map_err(|e| anyhow::anyhow!("server.tls_listen: {e}"))?;
+        // ALPN: h2 preferred, http/1.1 for the rest (h2c is for plain listeners only).
+        tls.enable_h2();
+        svc.add_tls_with_settings(&config.server.tls_listen, None, tls);
     }
     server.add_service(svc);
 
@@ -124,7 +127,13 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
             read_ms,
         },
     ));
-    tracing::info!(listen = ?config.server.listen, admin = %config.server.admin_listen, "gateway starting");
+    tracing::info!(
+        listen = ?config.server.listen,
+        h2c = config.server.h2c,
+        tls_listen = %config.server.tls_listen,
+        admin = %config.server.admin_listen,
+        "gateway starting"
+    );
     server.run_forever()
 }
 
