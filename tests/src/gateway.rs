@@ -3,12 +3,20 @@
 //! config on free ports, and waits for `/readyz`. Needs `cargo build -p gateway --bins`.
 //!
 //! The config has `dev.enabled = true`, so [`GatewayHandle::dev_token`] gets a JWT for
-//! any user; [`GatewayHandle::jwt`] signs one locally (also expired ones).
+//! any user; [`GatewayHandle::jwt`] signs one locally (also expired ones). It has
+//! `h2c = true` (HTTP/1.1 and HTTP/2 prior knowledge on the plain port).
+//!
+//! Ports: the plain, admin and (when asked for) TLS ports are picked free by the harness
+//! (bind, read the port, drop). A tweak asks for a TLS listener with [`tls`], which sets
+//! `server.tls_listen` to port 0; the harness puts a free port there (pingora binds what it
+//! is given and reports no port back) and returns it as [`GatewayHandle::tls_port`]. When
+//! one of the picked ports was taken in between (pingora logs "is in use, will try
+//! again"), the gateway is started again on fresh ports, twice at most.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{free_port, wait_until_async, workspace_bin, ChildGuard};
+use crate::process::{free_port, port_open, wait_until_async, workspace_bin, ChildGuard};
 use crate::{RedisCluster, SERVICE_TOKEN};
 
 /// JWT secret of the generated config.
@@ -21,6 +29,8 @@ pub const PURCHASE_SECRET: &str = "test-purchase-secret-0123456789";
 pub struct GatewayHandle {
     pub port: u16,
     pub admin_port: u16,
+    /// The TLS listener's port, when the tweak asked for one with [`tls`].
+    pub tls_port: Option<u16>,
     pub child: ChildGuard,
     /// Config file (`gateway.toml`) and log (`gateway.log`) live here.
     pub dir: tempfile::TempDir,
@@ -33,6 +43,15 @@ impl GatewayHandle {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// `https://127.0.0.1:<tls port>`; panics when the gateway has no TLS listener.
+    pub fn tls_base_url(&self) -> String {
+        format!(
+            "https://127.0.0.1:{}",
+            self.tls_port
+                .expect("started without a TLS listener (see `tls`)")
+        )
+    }
+
     /// `http://127.0.0.1:<admin port>` (`/metrics`, `/healthz`, `/readyz`).
     pub fn admin_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.admin_port)
@@ -42,7 +61,7 @@ impl GatewayHandle {
         self.dir.path().join("gateway.toml")
     }
 
-    /// The config it was started with (after the tweak).
+    /// The config it was started with (after the tweak, with the ports the harness picked).
     pub fn config(&self) -> &gateway::toml::Table {
         &self.config
     }
@@ -193,6 +212,24 @@ pub async fn spawn_gateway(
     h
 }
 
+/// Asks for a TLS listener (rustls, ALPN `h2` and `http/1.1`) with this PEM certificate
+/// chain and key, on a port the harness picks ([`GatewayHandle::tls_port`]).
+pub fn tls(config: &mut gateway::toml::Table, cert_path: &Path, key_path: &Path) {
+    set(config, "server", "tls_listen", "127.0.0.1:0");
+    set(
+        config,
+        "server",
+        "tls_cert_path",
+        cert_path.display().to_string(),
+    );
+    set(
+        config,
+        "server",
+        "tls_key_path",
+        key_path.display().to_string(),
+    );
+}
+
 /// [`spawn_gateway`] that waits only for `/healthz` (for tests with a backend down).
 pub async fn spawn_gateway_unready(
     redis: &RedisCluster,
@@ -225,31 +262,113 @@ fn start(
         dir.path(),
     );
     tweak(&mut config);
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, config.to_string()).expect("write config");
-    let mut cmd = std::process::Command::new(workspace_bin("gateway"));
-    cmd.arg("-c").arg(&path);
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "info");
+    let tls_port = tls_port_wanted(&config).then(|| free_port(None));
+    if let Some(p) = tls_port {
+        set(
+            &mut config,
+            "server",
+            "tls_listen",
+            format!("127.0.0.1:{p}"),
+        );
     }
-    let child =
-        ChildGuard::spawn("gateway", cmd, &dir.path().join("gateway.log")).expect("spawn gateway");
+    let child = spawn_child(&config, dir.path());
     GatewayHandle {
         port,
         admin_port,
+        tls_port,
         child,
         dir,
         config,
     }
 }
 
+/// True when the tweak asked for a TLS listener with [`tls`] (port 0).
+fn tls_port_wanted(config: &gateway::toml::Table) -> bool {
+    config
+        .get("server")
+        .and_then(|s| s.get("tls_listen"))
+        .and_then(|v| v.as_str())
+        .is_some_and(|a| a.ends_with(":0"))
+}
+
+/// Writes the config and starts the binary.
+fn spawn_child(config: &gateway::toml::Table, dir: &Path) -> ChildGuard {
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config.to_string()).expect("write config");
+    let mut cmd = std::process::Command::new(workspace_bin("gateway"));
+    cmd.arg("-c").arg(&path);
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info");
+    }
+    ChildGuard::spawn("gateway", cmd, &dir.join("gateway.log")).expect("spawn gateway")
+}
+
+/// Stops the gateway and starts it again on fresh ports (one was taken after
+/// `free_port` picked it). The old log is kept as `gateway.log.<n>`.
+fn restart_on_fresh_ports(h: &mut GatewayHandle, attempt: u32) {
+    h.child.kill();
+    let log = h.dir.path().join("gateway.log");
+    let _ = std::fs::rename(&log, h.dir.path().join(format!("gateway.log.{attempt}")));
+    h.port = free_port(None);
+    h.admin_port = free_port(None);
+    h.tls_port = h.tls_port.map(|_| free_port(None));
+    if let Some(p) = h.tls_port {
+        set(
+            &mut h.config,
+            "server",
+            "tls_listen",
+            format!("127.0.0.1:{p}"),
+        );
+    }
+    set(
+        &mut h.config,
+        "server",
+        "listen",
+        gateway::toml::Value::Array(vec![format!("127.0.0.1:{}", h.port).into()]),
+    );
+    set(
+        &mut h.config,
+        "server",
+        "admin_listen",
+        format!("127.0.0.1:{}", h.admin_port),
+    );
+    h.child = spawn_child(&h.config, h.dir.path());
+}
+
 async fn wait_http(h: &mut GatewayHandle, path: &str) {
+    for attempt in 1..=3 {
+        if wait_http_once(h, path).await {
+            return;
+        }
+        assert!(
+            attempt < 3,
+            "gateway ports taken on every attempt; log:\n{}",
+            h.log()
+        );
+        eprintln!("gateway: a picked port was taken; starting again on fresh ports");
+        restart_on_fresh_ports(h, attempt);
+    }
+}
+
+/// pingora's log line when a listen address is taken (it retries for 30 s, then panics).
+const PORT_IN_USE: &str = "is in use, will try again";
+
+/// Waits for `path` on the admin port: true when it answers 200, false when pingora says
+/// one of the picked ports is in use (it would retry binding for 30 s, then panic).
+async fn wait_http_once(h: &mut GatewayHandle, path: &str) -> bool {
     let url = format!("{}{path}", h.admin_url());
     let http = reqwest::Client::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) {
-            return;
+        if h.log().contains(PORT_IN_USE) {
+            return false;
+        }
+        if matches!(http.get(&url).send().await, Ok(r) if r.status() == 200)
+            && port_open(h.port)
+            && h.tls_port.is_none_or(port_open)
+        {
+            // Every listener has been bound (or failed to) by now.
+            return !h.log().contains(PORT_IN_USE);
         }
         assert!(h.child.is_running(), "gateway exited; log:\n{}", h.log());
         assert!(

@@ -69,3 +69,53 @@ fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
     assert!(!ok);
     assert!(text.contains("missing.toml"), "{text}");
 }
+
+#[test]
+fn a_tls_listener_needs_readable_pem_files_and_gateway_t_names_the_bad_one() {
+    let shipped = std::fs::read_to_string(repo_file("deploy/local/gateway.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN NOTHING-----\n").unwrap();
+    let with_tls = |cert: &std::path::Path, key: &std::path::Path| {
+        let text = shipped
+            .replace("tls_listen = \"\"", "tls_listen = \"127.0.0.1:8443\"")
+            .replace(
+                "tls_cert_path = \"\"",
+                &format!("tls_cert_path = \"{}\"", cert.display()),
+            )
+            .replace(
+                "tls_key_path = \"\"",
+                &format!("tls_key_path = \"{}\"", key.display()),
+            );
+        assert_ne!(
+            text, shipped,
+            "the shipped file has no empty tls_* fields to fill"
+        );
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, text).unwrap();
+        check(&path)
+    };
+
+    let (ok, text) = with_tls(&cert, &key);
+    assert!(ok, "a good certificate and key were refused: {text}");
+
+    let missing = dir.path().join("missing-key.pem");
+    for (cert, key, field, says) in [
+        (&cert, &missing, "server.tls_key_path", "missing-key.pem"),
+        (&cert, &PathBuf::new(), "server.tls_key_path", "required"),
+        (&garbage, &key, "server.tls_cert_path", "not valid PEM"),
+        (&key, &key, "server.tls_cert_path", "no PEM certificate"),
+        (&cert, &cert, "server.tls_key_path", "no PEM private key"),
+    ] {
+        let (ok, text) = with_tls(cert, key);
+        assert!(!ok, "accepted a bad TLS config for {field}: {text}");
+        assert_eq!(text.trim().lines().count(), 1, "{text}");
+        assert!(text.contains("gateway.toml"), "{text}");
+        assert!(text.contains(field), "{field}: {text}");
+        assert!(text.contains(says), "{says}: {text}");
+    }
+}
