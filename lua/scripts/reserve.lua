@@ -7,14 +7,25 @@
 -- KEYS[3] buyers  sk:{a:i}:buyers:<s> uid -> "<reservation id>|<request id>"
 -- KEYS[4] stream  sk:{a:i}:orders     reservations waiting for orderd
 -- KEYS[5] seq     sk:{a:i}:seq        reservation sequence of the shard
--- ARGV: activity, item, shard, user, request id, now (unix ms)
+-- ARGV: activity, item, shard, user, request id, now (unix ms), and optionally
+--       [7] an epoch and [8] the highest sequence the caller has seen handed out in it
 --
 -- Returns {outcome, reservation id, units left in this shard}, outcome one of
 -- RESERVED, RETRY (same request id: the reservation it already made), DUPLICATE,
--- SOLD_OUT, LOST (the shard's state is gone: the caller must recompute).
+-- SOLD_OUT, LOST (the shard's state is gone: the caller must recompute), BEHIND
+-- (the fence is there but the sequence is below one already handed out under the same
+-- epoch: Redis lost writes, as after a failover to a lagging replica or a restart that
+-- dropped the last second of its AOF; the caller must recompute; the third field is
+-- the sequence found).
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return {'LOST', '', -1}
+end
+if ARGV[7] == epoch then
+  local seen = tonumber(redis.call('GET', KEYS[5]) or '0')
+  if seen < tonumber(ARGV[8]) then
+    return {'BEHIND', '', seen}
+  end
 end
 local held = redis.call('HGET', KEYS[3], ARGV[4])
 if held then

@@ -51,6 +51,10 @@ pub mod reserve_outcome {
     pub const DUPLICATE: &str = "DUPLICATE";
     pub const SOLD_OUT: &str = "SOLD_OUT";
     pub const LOST: &str = "LOST";
+    /// The fence is there but the shard's sequence is below one already handed out
+    /// under the same epoch: Redis lost writes (a failover to a lagging replica, an
+    /// AOF that lost its last second). The third field is the sequence found.
+    pub const BEHIND: &str = "BEHIND";
 }
 
 #[cfg(test)]

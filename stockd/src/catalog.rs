@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use seckill_proto::pb;
 
@@ -19,6 +19,16 @@ pub struct ItemEntry {
     pub false_sold_out: AtomicU64,
 }
 
+/// The highest reservation sequence this process has seen handed out in one shard,
+/// with the epoch (fence value) it was handed out under. Redis never hands out a lower
+/// one under the same epoch unless it lost writes; the reserve script and the fence
+/// check compare against it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HighWater {
+    pub epoch: String,
+    pub seq: u64,
+}
+
 /// One published activity.
 #[derive(Debug)]
 pub struct ActivityEntry {
@@ -30,6 +40,8 @@ pub struct ActivityEntry {
     pub recomputing: AtomicBool,
     /// Rotating start of the donor scan, so rebalancing spreads over shards.
     pub rotation: AtomicU32,
+    /// Per shard: the highest sequence seen handed out (see [`HighWater`]).
+    high_water: Vec<Mutex<HighWater>>,
 }
 
 impl ActivityEntry {
@@ -49,11 +61,14 @@ impl ActivityEntry {
             })
             .collect();
         Self {
-            activity,
             items,
             available: AtomicBool::new(available),
             recomputing: AtomicBool::new(false),
             rotation: AtomicU32::new(0),
+            high_water: (0..activity_shards(&activity))
+                .map(|_| Mutex::new(HighWater::default()))
+                .collect(),
+            activity,
         }
     }
 
@@ -61,7 +76,40 @@ impl ActivityEntry {
         self.activity.id
     }
     pub fn shards(&self) -> u32 {
-        self.activity.shard_count.max(1)
+        activity_shards(&self.activity)
+    }
+    /// Shard `i`'s high-water mark (default when none seen yet).
+    pub fn high_water(&self, shard: u32) -> HighWater {
+        self.high_water
+            .get(shard as usize)
+            .map(|m| m.lock().expect("high-water lock").clone())
+            .unwrap_or_default()
+    }
+    /// When shard `i`'s mark is above `found` under `epoch`, clears it and returns it:
+    /// Redis lost writes, and the caller reports the gap once.
+    pub fn take_behind(&self, shard: u32, epoch: &str, found: u64) -> Option<HighWater> {
+        let m = self.high_water.get(shard as usize)?;
+        let mut hw = m.lock().expect("high-water lock");
+        if hw.epoch == epoch && hw.seq > found {
+            return Some(std::mem::take(&mut *hw));
+        }
+        None
+    }
+    /// Records that Redis handed out `seq` under `epoch` in `shard`. A newer epoch
+    /// (a recompute opened the shard again) replaces the mark.
+    pub fn saw(&self, shard: u32, epoch: &str, seq: u64) {
+        let Some(m) = self.high_water.get(shard as usize) else {
+            return;
+        };
+        let mut hw = m.lock().expect("high-water lock");
+        if hw.epoch == epoch {
+            hw.seq = hw.seq.max(seq);
+        } else if epoch_newer(epoch, &hw.epoch) {
+            *hw = HighWater {
+                epoch: epoch.to_string(),
+                seq,
+            };
+        }
     }
     pub fn start_ms(&self) -> i64 {
         self.activity.start_at_ms
@@ -76,6 +124,16 @@ impl ActivityEntry {
     pub fn item_ids(&self) -> Vec<u64> {
         self.activity.items.iter().map(|i| i.id).collect()
     }
+}
+
+fn activity_shards(a: &pb::Activity) -> u32 {
+    a.shard_count.max(1)
+}
+
+/// Epochs are base-36 millisecond times without leading zeros: longer is newer, and
+/// equal lengths compare as text.
+fn epoch_newer(a: &str, b: &str) -> bool {
+    (a.len(), a) > (b.len(), b)
 }
 
 /// Published activities by id.

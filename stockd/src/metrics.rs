@@ -26,6 +26,12 @@ pub struct Metrics {
     /// `stockd_false_sold_out_total`: SOLD_OUT answered while another shard still held
     /// units (rebalancing gave up).
     pub false_sold_out: IntCounter,
+    /// `stockd_lost_writes_total`: times a shard's sequence was found below one
+    /// already handed out (Redis lost writes; a recompute follows).
+    pub lost_writes: IntCounter,
+    /// `stockd_lost_reservations_total`: reservations handed out and then lost by Redis
+    /// before orderd read them (the sequence gap at each detection).
+    pub lost_reservations: IntCounter,
     /// `stockd_rebalance_moves_total`: units moved between shards.
     pub rebalance_units: IntCounter,
 }
@@ -80,6 +86,16 @@ impl Metrics {
             "SOLD_OUT answers given while another shard still held units",
         )
         .expect("valid metric");
+        let lost_writes = IntCounter::new(
+            "stockd_lost_writes_total",
+            "Shards found with a sequence below one already handed out (Redis lost writes)",
+        )
+        .expect("valid metric");
+        let lost_reservations = IntCounter::new(
+            "stockd_lost_reservations_total",
+            "Reservations handed out and then lost by Redis (sequence gaps)",
+        )
+        .expect("valid metric");
         let rebalance_units = IntCounter::new(
             "stockd_rebalance_units_total",
             "Units moved from a donor shard to an empty home shard",
@@ -93,6 +109,8 @@ impl Metrics {
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
             Box::new(false_sold_out.clone()),
+            Box::new(lost_writes.clone()),
+            Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
         ] {
             registry.register(m).expect("metric names are unique");
@@ -106,6 +124,8 @@ impl Metrics {
             redis_errors,
             recomputes,
             false_sold_out,
+            lost_writes,
+            lost_reservations,
             rebalance_units,
         }
     }

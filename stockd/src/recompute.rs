@@ -13,7 +13,12 @@
 //! 5. `WARM` with force under a new epoch, which opens the shard again; then the
 //!    sold-out flags, the meta hash and the activity set.
 //!
-//! A periodic fence check finds lost state even when nobody is buying.
+//! Lost state is found three ways: the reserve script answers LOST (a fence is gone)
+//! or BEHIND (the shard's reservation sequence is below one this process already saw
+//! handed out under the same fence epoch: Redis lost writes but kept the fence, as
+//! after a failover to a lagging replica), and a periodic check of every shard's fence
+//! and sequence finds either even when nobody is buying. A failover or restart that
+//! lost nothing needs no rebuild and gets none.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -218,11 +223,56 @@ impl App {
 
     /// True when every shard of the activity has its fence.
     pub async fn fences_present(&self, a: u64, shards: u32) -> Result<bool> {
-        let futs = (0..shards).map(|i| self.redis.exists(keys::fence(a, i)));
+        Ok(self
+            .shard_marks(a, shards)
+            .await?
+            .iter()
+            .all(|(fence, _)| fence.is_some()))
+    }
+
+    /// Per shard: its fence (epoch) and its reservation sequence, one `MGET` each.
+    async fn shard_marks(&self, a: u64, shards: u32) -> Result<Vec<(Option<String>, u64)>> {
+        let futs = (0..shards).map(|i| self.redis.mget(vec![keys::fence(a, i), keys::seq(a, i)]));
         Ok(futures::future::try_join_all(futs)
             .await?
             .into_iter()
-            .all(|x| x))
+            .map(|v| {
+                let mut v = v.into_iter();
+                let fence = v.next().flatten();
+                let seq = v.next().flatten().and_then(|s| s.parse().ok()).unwrap_or(0);
+                (fence, seq)
+            })
+            .collect())
+    }
+
+    /// Redis answered shard `shard`'s sequence as `found`, below this process's
+    /// high-water mark under the same epoch: writes were lost (a failover to a replica
+    /// that had not received them, an AOF that dropped its last second). The
+    /// reservations in the gap were promised and are gone from Redis; orderd may
+    /// already hold some of them. Report the gap once and rebuild from MySQL.
+    pub fn lost_writes(self: &Arc<Self>, entry: &Arc<ActivityEntry>, shard: u32, found: u64) {
+        let hw = entry.high_water(shard);
+        let Some(hw) = entry.take_behind(shard, &hw.epoch, found) else {
+            // Another call reported this gap already; the recompute is under way.
+            self.trigger_recompute(entry, "Redis lost writes");
+            return;
+        };
+        let gap = hw.seq - found;
+        self.metrics.lost_writes.inc();
+        self.metrics.lost_reservations.inc_by(gap);
+        tracing::error!(
+            activity = entry.id(),
+            shard,
+            epoch = %hw.epoch,
+            handed_out = hw.seq,
+            found,
+            gap,
+            "Redis lost writes: reservation sequences {}..={} of this shard were handed out \
+             and are gone from Redis (those orderd did not read yet are lost)",
+            found + 1,
+            hw.seq,
+        );
+        self.trigger_recompute(entry, "Redis lost writes");
     }
 
     /// One pass of the fence check over every activity whose window has not ended:
@@ -234,14 +284,27 @@ impl App {
             if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
                 continue;
             }
-            match self.fences_present(entry.id(), entry.shards()).await {
-                Ok(true) => {
-                    if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {
-                        entry.available.store(true, Ordering::Release);
-                    }
+            let marks = match self.shard_marks(entry.id(), entry.shards()).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(activity = entry.id(), error = %e, "fence check failed");
+                    continue;
                 }
-                Ok(false) => self.trigger_recompute(&entry, "fence missing"),
-                Err(e) => tracing::debug!(activity = entry.id(), error = %e, "fence check failed"),
+            };
+            if marks.iter().any(|(fence, _)| fence.is_none()) {
+                self.trigger_recompute(&entry, "fence missing");
+                continue;
+            }
+            let behind = marks.iter().enumerate().find(|(i, (fence, seq))| {
+                let hw = entry.high_water(*i as u32);
+                fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
+            });
+            if let Some((i, (_, seq))) = behind {
+                self.lost_writes(&entry, i as u32, *seq);
+                continue;
+            }
+            if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {
+                entry.available.store(true, Ordering::Release);
             }
         }
     }

@@ -183,6 +183,12 @@ impl Redis {
             .await
     }
 
+    /// `MGET` of keys in one slot; missing keys are `None`.
+    pub async fn mget(&self, keys: Vec<String>) -> Result<Vec<Option<String>>> {
+        self.deadline(self.client().mget::<Vec<Option<String>>, _>(keys))
+            .await
+    }
+
     /// `EXISTS` of one key.
     pub async fn exists(&self, key: String) -> Result<bool> {
         Ok(self.deadline(self.client().exists::<i64, _>(key)).await? > 0)

@@ -73,6 +73,9 @@ enum Script {
     Duplicate(String, i64),
     SoldOut,
     Lost,
+    /// Redis lost writes: the shard's sequence (carried) is below this process's
+    /// high-water mark under the same epoch.
+    Behind(u64),
 }
 
 /// One rebalancing move's result.
@@ -144,7 +147,7 @@ impl App {
         let mut moved = false;
         for attempt in 0..=attempts {
             match self
-                .reserve_script(activity, item, home, user, request, now)
+                .reserve_script(&entry, item, home, user, request, now)
                 .await?
             {
                 Script::Reserved(rid, left) => {
@@ -191,6 +194,12 @@ impl App {
                         "activity {activity} lost its Redis state; rebuilding from MySQL"
                     )));
                 }
+                Script::Behind(found) => {
+                    self.lost_writes(&entry, home, found);
+                    return Err(Error::Unavailable(format!(
+                        "activity {activity} lost Redis writes; rebuilding from MySQL"
+                    )));
+                }
                 Script::SoldOut => {
                     if attempt == attempts {
                         break;
@@ -225,13 +234,15 @@ impl App {
 
     async fn reserve_script(
         &self,
-        a: u64,
+        entry: &ActivityEntry,
         s: u64,
         shard: u32,
         user: &UserId,
         request: &RequestId,
         now: i64,
     ) -> Result<Script> {
+        let a = entry.id();
+        let hw = entry.high_water(shard);
         let keys = vec![
             keys::fence(a, shard),
             keys::stock(a, shard, s),
@@ -246,6 +257,8 @@ impl App {
             user.as_str().to_string(),
             request.as_str().to_string(),
             now.to_string(),
+            hw.epoch,
+            hw.seq.to_string(),
         ];
         let parts = array(self.redis.eval(&scripts::RESERVE, keys, args).await?)?;
         if parts.len() != 3 {
@@ -254,11 +267,17 @@ impl App {
         let rid = text(&parts[1]);
         let left = int(&parts[2])?;
         Ok(match text(&parts[0]).as_str() {
-            reserve_outcome::RESERVED => Script::Reserved(rid, left),
+            reserve_outcome::RESERVED => {
+                if let Ok(id) = rid.parse::<ReservationId>() {
+                    entry.saw(shard, &id.epoch, id.seq);
+                }
+                Script::Reserved(rid, left)
+            }
             reserve_outcome::RETRY => Script::Retry(rid, left),
             reserve_outcome::DUPLICATE => Script::Duplicate(rid, left),
             reserve_outcome::SOLD_OUT => Script::SoldOut,
             reserve_outcome::LOST => Script::Lost,
+            reserve_outcome::BEHIND => Script::Behind(left.max(0) as u64),
             other => return Err(Error::Internal(format!("reserve answered {other}"))),
         })
     }
