@@ -287,7 +287,9 @@ pub struct Protection {
     /// Largest request body, bytes (413 beyond). Default 4096.
     pub max_body_bytes: usize,
     /// Total time allowed to read one request (headers and body), milliseconds, counted
-    /// from its first byte (or from accept); a slower client is disconnected. Default 5000.
+    /// from its first byte (or from accept); a slower client is disconnected. On HTTP/2 it
+    /// bounds the connection's start and each request's body (see `deadline.rs`).
+    /// Default 5000.
     pub request_read_ms: u64,
 }
 

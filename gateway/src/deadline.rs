@@ -6,6 +6,19 @@
 //! closed. A request ends, for this purpose, when the gateway writes to the socket.
 //! Idle keep-alive time between requests is not counted (pingora's keep-alive timeout
 //! covers it).
+//!
+//! HTTP/2 (h2c prior knowledge, or ALPN `h2` over TLS) multiplexes requests as frames of
+//! one connection, so "a request is read when the gateway writes" does not hold there:
+//! a client frame that needs no answer (a SETTINGS ack, a WINDOW_UPDATE) would start a
+//! deadline no write ends, and the whole connection would be cut `request_read_ms` after
+//! its last request. On an HTTP/2 connection the deadline covers the connection preface
+//! and the client's first frames, up to the gateway's first write (its SETTINGS); after
+//! that pingora's HTTP/2 idle timeout closes connections with no request in flight, and
+//! the body of each request is read under `request_read_ms` by the proxy.
+//!
+//! With h2c on, pingora peeks the first 24 bytes for the HTTP/2 preface before parsing
+//! HTTP/1.1; [`Guarded`] does that peek itself under the deadline, so a client that
+//! sends fewer bytes and stops is cut too.
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
@@ -14,7 +27,7 @@ use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType,
 };
-use pingora::protocols::{SocketDigest, TimingDigest};
+use pingora::protocols::{SocketDigest, TimingDigest, ALPN};
 use pingora::server::ShutdownWatch;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +45,10 @@ pub struct DeadlineStream {
     /// When the current request's reading started; `None` between requests.
     started: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
+    /// HTTP/2: the first write ends the deadline for good.
+    http2: bool,
+    /// Set by the first write on an HTTP/2 connection: no deadline any more.
+    disarmed: bool,
 }
 
 impl DeadlineStream {
@@ -41,8 +58,32 @@ impl DeadlineStream {
             limit,
             started: Some(Instant::now()),
             timer: None,
+            http2: false,
+            disarmed: false,
         }
     }
+
+    /// This connection speaks HTTP/2: the deadline runs until the gateway's first write.
+    pub fn set_http2(&mut self) {
+        self.http2 = true;
+    }
+
+    fn wrote(&mut self) {
+        self.started = None;
+        if self.http2 {
+            self.disarmed = true;
+        }
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+fn timed_out() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "request not read within protection.request_read_ms",
+    )
 }
 
 impl AsyncRead for DeadlineStream {
@@ -55,7 +96,7 @@ impl AsyncRead for DeadlineStream {
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
-                if buf.filled().len() > before && this.started.is_none() {
+                if buf.filled().len() > before && this.started.is_none() && !this.disarmed {
                     this.started = Some(Instant::now());
                 }
                 Poll::Ready(r)
@@ -72,10 +113,7 @@ impl AsyncRead for DeadlineStream {
                     timer.as_mut().reset(deadline);
                 }
                 match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "request not read within protection.request_read_ms",
-                    ))),
+                    Poll::Ready(()) => Poll::Ready(Err(timed_out())),
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -91,7 +129,7 @@ impl AsyncWrite for DeadlineStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.started = None;
+        self.wrote();
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -108,7 +146,7 @@ impl AsyncWrite for DeadlineStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.started = None;
+        self.wrote();
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -174,8 +212,16 @@ impl GetSocketDigest for DeadlineStream {
 
 #[async_trait]
 impl Peek for DeadlineStream {
+    /// The peek (pingora's h2c preface check) reads from the socket too: under the deadline.
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
-        self.inner.try_peek(buf).await
+        match self.started {
+            Some(started) if !self.disarmed => {
+                tokio::time::timeout_at(started + self.limit, self.inner.try_peek(buf))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()))
+            }
+            _ => self.inner.try_peek(buf).await,
+        }
     }
 }
 
@@ -184,13 +230,16 @@ pub struct Guarded<A> {
     inner: Arc<A>,
     /// `protection.request_read_ms`, reloadable.
     limit_ms: Arc<AtomicU64>,
+    /// `server.h2c`: plain connections may open with the HTTP/2 preface.
+    h2c: bool,
 }
 
 impl<A> Guarded<A> {
-    pub fn new(inner: A, limit_ms: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: A, limit_ms: Arc<AtomicU64>, h2c: bool) -> Self {
         Self {
             inner: Arc::new(inner),
             limit_ms,
+            h2c,
         }
     }
 }
@@ -203,8 +252,27 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let limit = Duration::from_millis(self.limit_ms.load(Ordering::Relaxed));
-        let wrapped: Stream = Box::new(DeadlineStream::new(session, limit));
-        self.inner.process_new(wrapped, shutdown).await
+        let mut stream = DeadlineStream::new(session, limit);
+        let http2 = if stream.get_ssl_digest().is_some() {
+            matches!(stream.selected_alpn_proto(), Some(ALPN::H2))
+        } else if self.h2c {
+            // The same peek pingora makes next (it reads the bytes back from the stream's
+            // rewind buffer), here under the deadline.
+            let mut preface = [0u8; H2_PREFACE.len()];
+            match stream.try_peek(&mut preface).await {
+                Ok(peeked) => peeked && preface == *H2_PREFACE,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no request or HTTP/2 preface in time");
+                    return None;
+                }
+            }
+        } else {
+            false
+        };
+        if http2 {
+            stream.set_http2();
+        }
+        self.inner.process_new(Box::new(stream), shutdown).await
     }
 
     async fn cleanup(&self) {
@@ -243,5 +311,36 @@ mod tests {
         // ...but the next request's own deadline runs from its first byte.
         let err = s.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_http2_the_deadline_ends_at_the_first_write() {
+        // A preface that stops half way is cut like a slow request...
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut s = DeadlineStream::new(Box::new(server), Duration::from_secs(2));
+        s.set_http2();
+        client.write_all(&H2_PREFACE[..10]).await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(s.read(&mut buf).await.unwrap(), 10);
+        let err = s.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+
+        // ...but once the server has written (its SETTINGS), a client frame that gets no
+        // answer (a SETTINGS ack) does not start a deadline for the connection.
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut s = DeadlineStream::new(Box::new(server), Duration::from_secs(2));
+        s.set_http2();
+        client.write_all(H2_PREFACE).await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), H2_PREFACE.len());
+        s.write_all(b"settings").await.unwrap();
+        client.write_all(b"ack").await.unwrap();
+        assert_eq!(s.read(&mut buf).await.unwrap(), 3);
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            s.read(&mut buf).await
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        client.write_all(b"x").await.unwrap();
+        assert_eq!(reader.await.unwrap().unwrap(), 1);
     }
 }

@@ -43,6 +43,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Seconds an HTTP/2 connection may stay open with no request in flight (pingora keeps
+/// idle HTTP/1.1 connections 60 s).
+pub const H2_IDLE_SECS: u64 = 60;
+
 /// How the process was started.
 #[derive(Debug, Clone, Default)]
 pub struct RunOpts {
@@ -87,10 +91,14 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         pingora::proxy::http_proxy(&server.configuration, proxy::Gateway::new(shared.clone()));
     let mut options = HttpServerOptions::default();
     options.h2c = config.server.h2c;
+    // An HTTP/2 connection (h2c, or ALPN h2 over TLS) with no request in flight is closed
+    // after this long, like pingora's HTTP/1.1 keep-alive; `deadline.rs` explains why the
+    // read deadline does not cover idle HTTP/2 connections.
+    options.h2_idle_timeout = Some(std::time::Duration::from_secs(H2_IDLE_SECS));
     http.server_options = Some(options);
     let mut svc = Service::new(
         "seckill gateway".to_string(),
-        deadline::Guarded::new(http, read_ms.clone()),
+        deadline::Guarded::new(http, read_ms.clone(), config.server.h2c),
     );
     svc.set_connection_filter(Arc::new(ip_ban::ConnectionBan(shared.clone())));
     for addr in &config.server.listen {

@@ -256,12 +256,15 @@ impl Gateway {
         Ok(true)
     }
 
-    /// Reads a JSON body under the size limit.
+    /// Reads a JSON body under the size limit, within `request_read_ms` (on HTTP/1.1 the
+    /// connection's read deadline is the tighter bound; on HTTP/2 this one is the bound,
+    /// see `deadline.rs`).
     async fn body(
         &self,
         session: &mut Session,
-        max: usize,
+        protection: &config::Protection,
     ) -> Result<std::result::Result<Value, Refusal>> {
+        let max = protection.max_body_bytes;
         let req = session.req_header();
         let ctype = req
             .headers
@@ -284,11 +287,26 @@ impl Gateway {
             return Ok(Err(Refusal::PayloadTooLarge));
         }
         let mut buf = Vec::with_capacity(declared.unwrap_or(256).min(max));
-        while let Some(chunk) = session.read_request_body().await? {
-            if buf.len() + chunk.len() > max {
-                return Ok(Err(Refusal::PayloadTooLarge));
+        let read = async {
+            while let Some(chunk) = session.read_request_body().await? {
+                if buf.len() + chunk.len() > max {
+                    return Ok(false);
+                }
+                buf.extend_from_slice(&chunk);
             }
-            buf.extend_from_slice(&chunk);
+            Ok::<_, Box<Error>>(true)
+        };
+        let limit = std::time::Duration::from_millis(protection.request_read_ms);
+        match tokio::time::timeout(limit, read).await {
+            Err(_) => {
+                return Error::e_explain(
+                    ErrorType::ReadTimedout,
+                    "request body not read within protection.request_read_ms",
+                )
+            }
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(false)) => return Ok(Err(Refusal::PayloadTooLarge)),
+            Ok(Ok(true)) => {}
         }
         Ok(serde_json::from_slice::<Value>(&buf)
             .ok()
@@ -407,7 +425,7 @@ impl Gateway {
                         .refuse(session, ctx, Refusal::NotFound("no such route"))
                         .await;
                 }
-                let body = match self.body(session, policy.protection.max_body_bytes).await? {
+                let body = match self.body(session, &policy.protection).await? {
                     Ok(b) => b,
                     Err(r) => return self.refuse(session, ctx, r).await,
                 };
@@ -457,7 +475,7 @@ impl Gateway {
                 .await
             }
             Route::Reserve(a, s) => {
-                let body = match self.body(session, policy.protection.max_body_bytes).await? {
+                let body = match self.body(session, &policy.protection).await? {
                     Ok(b) => b,
                     Err(r) => return self.refuse(session, ctx, r).await,
                 };
@@ -591,7 +609,7 @@ impl Gateway {
                 }
             }
             Route::PaymentCallback => {
-                let body = match self.body(session, policy.protection.max_body_bytes).await? {
+                let body = match self.body(session, &policy.protection).await? {
                     Ok(b) => b,
                     Err(r) => return self.refuse(session, ctx, r).await,
                 };

@@ -356,6 +356,237 @@ async fn tls_serves_http1_and_alpn_h2_with_the_same_answers_as_plain_http() {
     assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
 }
 
+/// A hand-driven HTTP/2 connection (prior knowledge), to control which frames are sent
+/// and when: enough framing and HPACK (literal fields, static-table names) for GETs and
+/// POSTs, nothing more.
+struct RawH2 {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Next {
+    Frame {
+        kind: u8,
+        flags: u8,
+        stream: u32,
+        payload: Vec<u8>,
+    },
+    Closed,
+    Silent,
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+impl RawH2 {
+    /// Connects and sends the preface and an empty SETTINGS frame.
+    async fn connect(port: u16) -> Self {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let mut h = Self {
+            stream,
+            buf: Vec::new(),
+        };
+        h.send_bytes(PREFACE).await;
+        h.frame(SETTINGS, 0, 0, &[]).await;
+        h
+    }
+
+    async fn send_bytes(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    async fn frame(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = payload.len() as u32;
+        let mut f = len.to_be_bytes()[1..].to_vec();
+        f.extend([kind, flags]);
+        f.extend(stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        self.send_bytes(&f).await;
+    }
+
+    /// The next frame, or the connection closing, or nothing within `within`.
+    async fn next(&mut self, within: Duration) -> Next {
+        use tokio::io::AsyncReadExt;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.buf.len() >= 9 {
+                let len = u32::from_be_bytes([0, self.buf[0], self.buf[1], self.buf[2]]) as usize;
+                if self.buf.len() >= 9 + len {
+                    let f: Vec<u8> = self.buf.drain(..9 + len).collect();
+                    return Next::Frame {
+                        kind: f[3],
+                        flags: f[4],
+                        stream: u32::from_be_bytes([f[5], f[6], f[7], f[8]]) & 0x7fff_ffff,
+                        payload: f[9..].to_vec(),
+                    };
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut chunk)).await {
+                Err(_) => return Next::Silent,
+                Ok(Ok(0)) | Ok(Err(_)) => return Next::Closed,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// Reads frames until one of `kind` on `stream` (answering nothing); panics on a close
+    /// or on silence.
+    async fn until(&mut self, kind: u8, stream: u32) -> (u8, Vec<u8>) {
+        loop {
+            match self.next(Duration::from_secs(5)).await {
+                Next::Frame {
+                    kind: k,
+                    flags,
+                    stream: s,
+                    payload,
+                } if k == kind && s == stream => return (flags, payload),
+                Next::Frame { .. } => continue,
+                other => panic!("waiting for frame {kind} on stream {stream}: {other:?}"),
+            }
+        }
+    }
+
+    /// HEADERS for `method path` on `stream` (END_HEADERS; END_STREAM when no body
+    /// follows), with `extra` header fields as (static-table name index, value).
+    async fn request(&mut self, stream: u32, method: &str, path: &str, extra: &[(u8, &str)]) {
+        let mut block = vec![if method == "GET" { 0x82 } else { 0x83 }, 0x86];
+        block.extend(literal(4, path));
+        block.extend(literal(1, "gw"));
+        for (index, value) in extra {
+            block.extend(literal(*index, value));
+        }
+        let flags = END_HEADERS | if method == "GET" { END_STREAM } else { 0 };
+        self.frame(HEADERS, flags, stream, &block).await;
+    }
+}
+
+/// An HPACK literal field without indexing, its name from the static table.
+fn literal(name_index: u8, value: &str) -> Vec<u8> {
+    let mut out = if name_index < 15 {
+        vec![name_index]
+    } else {
+        vec![0x0f, name_index - 15]
+    };
+    assert!(value.len() < 127);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value.as_bytes());
+    out
+}
+
+/// HPACK static table: `:status 200` is index 8, so the answer's first byte is 0x88.
+const STATUS_200: u8 = 0x88;
+/// HPACK static table index of `content-type`.
+const CONTENT_TYPE: u8 = 31;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_outlives_the_read_deadline_and_its_slow_parts_do_not() {
+    let s = stack().await;
+    let act = s.open_activity(1).await;
+    let read_ms: i64 = 400;
+    let gw = s
+        .gateway(|c| {
+            set(c, "server", "h2c", true);
+            set(c, "protection", "request_read_ms", read_ms);
+        })
+        .await;
+    gw.wait_activity(act.id).await;
+    let idle = Duration::from_millis(read_ms as u64 * 3);
+
+    // One request, then a frame that needs no answer (the SETTINGS ack), then silence
+    // well past request_read_ms: the connection stays open and serves the next request.
+    let mut h2 = RawH2::connect(gw.port).await;
+    h2.request(1, "GET", "/api/v1/activities", &[]).await;
+    let (_, block) = h2.until(HEADERS, 1).await;
+    assert_eq!(block.first(), Some(&STATUS_200), "{block:?}");
+    h2.frame(SETTINGS, ACK, 0, &[]).await;
+    loop {
+        match h2.next(idle).await {
+            Next::Silent => break,
+            Next::Frame { kind, .. } if kind != GOAWAY && kind != RST_STREAM => continue,
+            other => panic!("the idle connection was cut: {other:?}"),
+        }
+    }
+    h2.frame(PING, 0, 0, b"12345678").await;
+    let (flags, payload) = h2.until(PING, 0).await;
+    assert_eq!((flags, payload.as_slice()), (ACK, &b"12345678"[..]));
+    h2.request(3, "GET", &format!("/api/v1/activities/{}", act.id), &[])
+        .await;
+    let (_, block) = h2.until(HEADERS, 3).await;
+    assert_eq!(block.first(), Some(&STATUS_200), "{block:?}");
+
+    // A request whose body never comes is ended at request_read_ms: the stream gets an
+    // answer or a reset, and the connection goes on serving.
+    let started = std::time::Instant::now();
+    h2.request(
+        5,
+        "POST",
+        "/api/v1/dev/token",
+        &[(CONTENT_TYPE, "application/json")],
+    )
+    .await;
+    loop {
+        match h2.next(Duration::from_secs(5)).await {
+            Next::Frame {
+                kind: HEADERS | RST_STREAM,
+                stream: 5,
+                ..
+            } => break,
+            Next::Frame { kind: DATA, .. } | Next::Frame { stream: 0, .. } => continue,
+            other => panic!("a body that never came held the stream: {other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    h2.request(7, "GET", "/api/v1/activities", &[]).await;
+    let (_, block) = h2.until(HEADERS, 7).await;
+    assert_eq!(block.first(), Some(&STATUS_200), "{block:?}");
+
+    // Half a preface, or a few bytes of an HTTP/1.1 request line, then nothing: cut at
+    // request_read_ms (pingora's h2c preface check reads 24 bytes before anything else).
+    for start in [&PREFACE[..16], b"GET /api".as_slice()] {
+        let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        tokio::io::AsyncWriteExt::write_all(&mut raw, start)
+            .await
+            .unwrap();
+        let mut chunk = [0u8; 256];
+        let read = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::io::AsyncReadExt::read(&mut raw, &mut chunk),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "{:?}: not closed: {read:?}",
+            String::from_utf8_lossy(start)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?} held {:?}",
+            String::from_utf8_lossy(start),
+            started.elapsed()
+        );
+    }
+}
+
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
