@@ -85,13 +85,19 @@ impl ActivityEntry {
             .map(|m| m.lock().expect("high-water lock").clone())
             .unwrap_or_default()
     }
-    /// When shard `i`'s mark is above `found` under `epoch`, clears it and returns it:
-    /// Redis lost writes, and the caller reports the gap once.
-    pub fn take_behind(&self, shard: u32, epoch: &str, found: u64) -> Option<HighWater> {
+    /// Redis showed `found` as shard `i`'s sequence, read after `seen` was taken from
+    /// this mark. When the mark still holds `seen`'s epoch and `seen` is above `found`,
+    /// Redis lost writes: clears the mark and returns the size of the gap, so the gap is
+    /// reported once. (Comparing with a mark taken *before* the read matters: the mark
+    /// moves on with every reservation, and one taken after the read would be ahead of
+    /// a healthy Redis.)
+    pub fn take_behind(&self, shard: u32, seen: &HighWater, found: u64) -> Option<u64> {
         let m = self.high_water.get(shard as usize)?;
         let mut hw = m.lock().expect("high-water lock");
-        if hw.epoch == epoch && hw.seq > found {
-            return Some(std::mem::take(&mut *hw));
+        if hw.epoch == seen.epoch && seen.seq > found {
+            let gap = hw.seq.max(seen.seq) - found;
+            *hw = HighWater::default();
+            return Some(gap);
         }
         None
     }

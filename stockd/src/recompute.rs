@@ -30,7 +30,7 @@ use seckill_lua::messages::entry;
 use seckill_lua::{home_shard, keys, scripts, split_stock, ReservationId};
 
 use crate::app::App;
-use crate::catalog::ActivityEntry;
+use crate::catalog::{ActivityEntry, HighWater};
 use crate::db;
 use crate::domain::now_ms;
 use crate::error::Result;
@@ -250,27 +250,30 @@ impl App {
     /// that had not received them, an AOF that dropped its last second). The
     /// reservations in the gap were promised and are gone from Redis; orderd may
     /// already hold some of them. Report the gap once and rebuild from MySQL.
-    pub fn lost_writes(self: &Arc<Self>, entry: &Arc<ActivityEntry>, shard: u32, found: u64) {
-        let hw = entry.high_water(shard);
-        let Some(hw) = entry.take_behind(shard, &hw.epoch, found) else {
+    pub fn lost_writes(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        shard: u32,
+        seen: &HighWater,
+        found: u64,
+    ) {
+        let Some(gap) = entry.take_behind(shard, seen, found) else {
             // Another call reported this gap already; the recompute is under way.
             self.trigger_recompute(entry, "Redis lost writes");
             return;
         };
-        let gap = hw.seq - found;
         self.metrics.lost_writes.inc();
         self.metrics.lost_reservations.inc_by(gap);
         tracing::error!(
             activity = entry.id(),
             shard,
-            epoch = %hw.epoch,
-            handed_out = hw.seq,
+            epoch = %seen.epoch,
             found,
             gap,
             "Redis lost writes: reservation sequences {}..={} of this shard were handed out \
              and are gone from Redis (those orderd did not read yet are lost)",
             found + 1,
-            hw.seq,
+            found + gap,
         );
         self.trigger_recompute(entry, "Redis lost writes");
     }
@@ -284,6 +287,9 @@ impl App {
             if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
                 continue;
             }
+            // Marks first, Redis second: whatever this process saw before the read,
+            // a Redis that lost nothing has at least reached.
+            let seen: Vec<HighWater> = (0..entry.shards()).map(|i| entry.high_water(i)).collect();
             let marks = match self.shard_marks(entry.id(), entry.shards()).await {
                 Ok(m) => m,
                 Err(e) => {
@@ -295,12 +301,15 @@ impl App {
                 self.trigger_recompute(&entry, "fence missing");
                 continue;
             }
-            let behind = marks.iter().enumerate().find(|(i, (fence, seq))| {
-                let hw = entry.high_water(*i as u32);
-                fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
-            });
-            if let Some((i, (_, seq))) = behind {
-                self.lost_writes(&entry, i as u32, *seq);
+            let behind = marks
+                .iter()
+                .zip(&seen)
+                .enumerate()
+                .find(|(_, ((fence, seq), hw))| {
+                    fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
+                });
+            if let Some((i, ((_, seq), hw))) = behind {
+                self.lost_writes(&entry, i as u32, hw, *seq);
                 continue;
             }
             if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {

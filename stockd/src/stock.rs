@@ -20,7 +20,7 @@ use seckill_lua::scripts::{self, reserve_outcome};
 use seckill_lua::{home_shard, ReservationId};
 
 use crate::app::App;
-use crate::catalog::ActivityEntry;
+use crate::catalog::{ActivityEntry, HighWater};
 use crate::domain::{now_ms, RequestId, UserId};
 use crate::error::{invalid, Error, Result};
 use crate::redis::{array, int, text};
@@ -73,9 +73,9 @@ enum Script {
     Duplicate(String, i64),
     SoldOut,
     Lost,
-    /// Redis lost writes: the shard's sequence (carried) is below this process's
-    /// high-water mark under the same epoch.
-    Behind(u64),
+    /// Redis lost writes: the shard's sequence (second) is below the high-water mark
+    /// (first) the call was made with, under the same epoch.
+    Behind(HighWater, u64),
 }
 
 /// One rebalancing move's result.
@@ -194,8 +194,8 @@ impl App {
                         "activity {activity} lost its Redis state; rebuilding from MySQL"
                     )));
                 }
-                Script::Behind(found) => {
-                    self.lost_writes(&entry, home, found);
+                Script::Behind(seen, found) => {
+                    self.lost_writes(&entry, home, &seen, found);
                     return Err(Error::Unavailable(format!(
                         "activity {activity} lost Redis writes; rebuilding from MySQL"
                     )));
@@ -257,7 +257,7 @@ impl App {
             user.as_str().to_string(),
             request.as_str().to_string(),
             now.to_string(),
-            hw.epoch,
+            hw.epoch.clone(),
             hw.seq.to_string(),
         ];
         let parts = array(self.redis.eval(&scripts::RESERVE, keys, args).await?)?;
@@ -277,7 +277,7 @@ impl App {
             reserve_outcome::DUPLICATE => Script::Duplicate(rid, left),
             reserve_outcome::SOLD_OUT => Script::SoldOut,
             reserve_outcome::LOST => Script::Lost,
-            reserve_outcome::BEHIND => Script::Behind(left.max(0) as u64),
+            reserve_outcome::BEHIND => Script::Behind(hw, left.max(0) as u64),
             other => return Err(Error::Internal(format!("reserve answered {other}"))),
         })
     }

@@ -407,3 +407,43 @@ async fn a_rewound_shard_is_found_by_the_periodic_check_while_nobody_buys() {
     assert_ne!(fence_before, fence_after, "reopened under a new epoch");
     assert_eq!(h.metrics.lost_writes.get(), 1, "one gap, reported once");
 }
+
+/// The other side of the high-water check: a healthy Redis under a steady stream of
+/// reservations, checked every 50 ms, is never taken for one that lost writes (the
+/// marks move on while the check reads Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_healthy_shard_is_never_taken_for_a_rewound_one() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let mut cfg = seckill_tests::stockd::stockd_config(&cluster, &db);
+    cfg.stock.fence_check_ms = 50;
+    let h = seckill_tests::stockd::spawn_stockd_with(cfg).await;
+    let act = create_published_activity(&h, &[(1_000_000, 100)], 4, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let workers: Vec<_> = (0..32)
+        .map(|w| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let mut n = 0u32;
+                while std::time::Instant::now() < until {
+                    let user = format!("busy-{w}-{n}");
+                    let r = reserve(&mut c, a, s, &user, "r").await;
+                    let r = r.unwrap_or_else(|e| panic!("{user}: {e:?}"));
+                    assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for w in workers {
+        total += w.await.unwrap();
+    }
+    assert!(total > 100, "enough traffic to matter: {total}");
+    assert_eq!(h.metrics.lost_writes.get(), 0);
+    assert_eq!(h.metrics.recomputes.with_label_values(&["ok"]).get(), 0);
+}
