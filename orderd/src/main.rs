@@ -3,6 +3,11 @@
 
 use std::process::ExitCode;
 
+/// mimalloc: fewer cycles per allocation than glibc under many threads, and the request
+/// path allocates (protobuf, HTTP/2 frames, Redis frames).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     seckill_proto::daemon::main(
         "orderd",

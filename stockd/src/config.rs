@@ -72,7 +72,10 @@ pub struct RedisConfig {
     /// Deadline of connecting to a node, in ms. Default 2000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
-    /// Connections per node (a round-robin pool of clients). Default 4.
+    /// Connections per node (a round-robin pool of clients). Default 1: one connection
+    /// per node batches the most concurrent commands into each write, which is what
+    /// Redis's CPU (the bottleneck of a sale) pays for; raise it only when one client's
+    /// router task is the bottleneck (many cores).
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
 }
@@ -140,7 +143,7 @@ fn default_connect_timeout_ms() -> u64 {
     2000
 }
 fn default_pool_size() -> usize {
-    4
+    1
 }
 fn default_mysql_connections() -> u32 {
     8
