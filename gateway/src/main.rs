@@ -6,11 +6,6 @@
 use clap::Parser;
 use std::path::PathBuf;
 
-/// mimalloc: fewer cycles per allocation than glibc under many threads, and the request
-/// path allocates (protobuf, HTTP/2 frames, Redis frames).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser, Debug)]
 #[command(name = "gateway", about = "seckill edge gateway (pingora)")]
 struct Flags {
