@@ -2,77 +2,14 @@
 //! The gateway over real HTTP, in front of real stockd, orderd, Redis Cluster and
 //! MariaDB. The gateway is the built binary (`cargo build -p gateway --bins`).
 
-use seckill_proto::pb;
 use seckill_tests::gateway::{
-    bucket, set, spawn_gateway, spawn_gateway_unready, GatewayHandle, PausableProxy, RawHttp,
+    bucket, set, spawn_gateway, spawn_gateway_unready, GatewayHandle, PausableProxy, RawHttp, Stack,
 };
-use seckill_tests::orderd::{spawn_orderd, OrderdHandle};
 use seckill_tests::process::{free_port, wait_until_async};
-use seckill_tests::stockd::{create_published_activity, spawn_stockd, StockdHandle};
-use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use seckill_tests::stockd::create_published_activity;
+use seckill_tests::{init_tracing, RedisCluster};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-struct Stack {
-    redis: RedisCluster,
-    _db: TestDb,
-    stockd: StockdHandle,
-    orderd: OrderdHandle,
-}
-
-async fn stack() -> Stack {
-    init_tracing();
-    let redis = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
-    Stack {
-        redis,
-        _db: db,
-        stockd,
-        orderd,
-    }
-}
-
-impl Stack {
-    async fn gateway(&self, tweak: impl FnOnce(&mut gateway::toml::Table)) -> GatewayHandle {
-        spawn_gateway(
-            &self.redis,
-            &self.stockd.addr,
-            &self.orderd.addr_str(),
-            tweak,
-        )
-        .await
-    }
-
-    /// An open activity (started a second ago, an hour long) over 2 shards.
-    async fn open_activity(&self, items: &[(u32, i64)]) -> pb::Activity {
-        create_published_activity(
-            &self.stockd,
-            items,
-            2,
-            Duration::ZERO,
-            Duration::from_secs(3600),
-        )
-        .await
-    }
-
-    async fn reservations_seen_by_stockd(&self) -> u64 {
-        self.stockd
-            .metrics
-            .registry
-            .gather()
-            .iter()
-            .filter(|f| f.name() == "stockd_reservations_total")
-            .flat_map(|f| {
-                f.get_metric()
-                    .iter()
-                    .map(|m| m.get_counter().get_value() as u64)
-                    .collect::<Vec<_>>()
-            })
-            .sum()
-    }
-}
 
 struct Answer {
     status: u16,
@@ -169,7 +106,7 @@ fn unix_ms() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buy_then_pay_flow_goes_through_the_edge() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(5, 19900)]).await;
     let gw = s.gateway(|_| {}).await;
     gw.wait_activity(act.id).await;
@@ -229,7 +166,7 @@ async fn a_full_buy_then_pay_flow_goes_through_the_edge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sold_out_item_is_answered_410_at_the_edge_without_calling_stockd() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(2, 100)]).await;
     let gw = s.gateway(|_| {}).await;
     gw.wait_activity(act.id).await;
@@ -245,7 +182,7 @@ async fn a_sold_out_item_is_answered_410_at_the_edge_without_calling_stockd() {
         async move { get(gw, path, None).await.body["activity"]["items"][0]["sold_out"] == true }
     })
     .await;
-    let seen = s.reservations_seen_by_stockd().await;
+    let seen = s.reservations_seen_by_stockd();
     let jwt = gw.dev_token("late").await;
     // No token can be had for a sold-out item, and reserves are refused at the edge.
     let t = post(
@@ -261,16 +198,12 @@ async fn a_sold_out_item_is_answered_410_at_the_edge_without_calling_stockd() {
         assert_eq!(r.status, 410, "{}", r.body);
         assert_eq!(code(&r), "sold_out");
     }
-    assert_eq!(
-        s.reservations_seen_by_stockd().await,
-        seen,
-        "stockd was called"
-    );
+    assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_window_token_and_reserve_answer_425_with_the_opening_time() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = create_published_activity(
         &s.stockd,
         &[(5, 100)],
@@ -302,12 +235,12 @@ async fn before_the_window_token_and_reserve_answer_425_with_the_opening_time() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_or_expired_jwts_get_401_and_missing_or_forged_purchase_tokens_get_403() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(5, 100), (5, 100)]).await;
     let gw = s.gateway(|_| {}).await;
     gw.wait_activity(act.id).await;
     let (a, i1, i2) = (act.id, act.items[0].id, act.items[1].id);
-    let seen = s.reservations_seen_by_stockd().await;
+    let seen = s.reservations_seen_by_stockd();
     let tok_path = format!("/api/v1/activities/{a}/items/{i1}/token");
 
     let none = post(&gw, &tok_path, None, json!({})).await;
@@ -365,16 +298,12 @@ async fn bad_or_expired_jwts_get_401_and_missing_or_forged_purchase_tokens_get_4
     )
     .await;
     assert_eq!((forged.status, code(&forged)), (403, "bad_purchase_token"));
-    assert_eq!(
-        s.reservations_seen_by_stockd().await,
-        seen,
-        "stockd was called"
-    );
+    assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_banned_ip_gets_403_and_a_limited_ip_gets_429_with_retry_after() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let gw = s
         .gateway(|c| {
             set(c, "bans", "deny", vec!["198.51.100.0/24"]);
@@ -437,7 +366,7 @@ async fn a_banned_ip_gets_403_and_a_limited_ip_gets_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abuse_gets_an_ip_auto_banned_through_redis_and_the_ban_expires() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let gw = s
         .gateway(|c| {
             set(c, "bans", "trusted_proxies", vec!["127.0.0.1"]);
@@ -492,7 +421,7 @@ async fn abuse_gets_an_ip_auto_banned_through_redis_and_the_ban_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_cap_answers_busy_without_calling_stockd() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(10, 100)]).await;
     let proxy = PausableProxy::start(&s.stockd.addr).await;
     let gw = spawn_gateway(&s.redis, &proxy.addr, &s.orderd.addr_str(), |c| {
@@ -513,7 +442,7 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
     let tw = purchase_token(&gw, &warm, a, item).await;
     assert_eq!(reserve(&gw, &warm, a, item, &tw).await.status, 202);
     proxy.pause();
-    let seen = s.reservations_seen_by_stockd().await;
+    let seen = s.reservations_seen_by_stockd();
     let gw2 = &gw;
     let first = tokio::spawn({
         let url = format!(
@@ -546,7 +475,7 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
         second.body
     );
     assert!(second.retry_after.is_some());
-    assert_eq!(s.reservations_seen_by_stockd().await, seen);
+    assert_eq!(s.reservations_seen_by_stockd(), seen);
     proxy.resume();
     assert_eq!(first.await.unwrap().status, 202);
     // With the slot free again, the second gets through.
@@ -555,7 +484,7 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(10, 100)]).await;
     let (a, item) = (act.id, act.items[0].id);
     // Down: nothing listens on stockd's address.
@@ -629,7 +558,7 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_headers_and_bodies_and_bad_requests_get_4xx() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let gw = s
         .gateway(|c| {
             set(c, "protection", "max_header_count", 12);
@@ -694,7 +623,7 @@ async fn oversized_headers_and_bodies_and_bad_requests_get_4xx() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_header_is_closed_at_the_read_deadline() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let gw = s
         .gateway(|c| set(c, "protection", "request_read_ms", 600))
         .await;
@@ -727,7 +656,7 @@ async fn a_slow_header_is_closed_at_the_read_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_changes_a_limit_while_a_kept_alive_connection_stays_open() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let mut gw = s
         .gateway(|c| set(c, "limits", "per_ip", bucket(10_000.0, 10_000.0)))
         .await;
@@ -765,7 +694,7 @@ async fn a_reload_changes_a_limit_while_a_kept_alive_connection_stays_open() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_events_stream_pushes_each_state_change_until_paid() {
-    let s = stack().await;
+    let s = Stack::start().await;
     let act = s.open_activity(&[(3, 100)]).await;
     let gw = s.gateway(|_| {}).await;
     gw.wait_activity(act.id).await;

@@ -9,57 +9,9 @@
 
 use reqwest::{Client, Method, Version};
 use seckill_proto::pb;
-use seckill_tests::gateway::{set, spawn_gateway, tls, GatewayHandle};
-use seckill_tests::orderd::{spawn_orderd, OrderdHandle};
-use seckill_tests::stockd::{create_published_activity, spawn_stockd, StockdHandle};
-use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use seckill_tests::gateway::{set, tls, Stack};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-struct Stack {
-    redis: RedisCluster,
-    _db: TestDb,
-    stockd: StockdHandle,
-    orderd: OrderdHandle,
-}
-
-async fn stack() -> Stack {
-    init_tracing();
-    let redis = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
-    Stack {
-        redis,
-        _db: db,
-        stockd,
-        orderd,
-    }
-}
-
-impl Stack {
-    async fn gateway(&self, tweak: impl FnOnce(&mut gateway::toml::Table)) -> GatewayHandle {
-        spawn_gateway(
-            &self.redis,
-            &self.stockd.addr,
-            &self.orderd.addr_str(),
-            tweak,
-        )
-        .await
-    }
-
-    /// An open activity (started a second ago, an hour long) with one item of `units`.
-    async fn open_activity(&self, units: u32) -> pb::Activity {
-        create_published_activity(
-            &self.stockd,
-            &[(units, 100)],
-            2,
-            Duration::ZERO,
-            Duration::from_secs(3600),
-        )
-        .await
-    }
-}
 
 /// One client speaking one protocol to one base URL.
 struct Edge {
@@ -225,8 +177,8 @@ async fn buy(e: &Edge, act: &pb::Activity, user: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_and_http1_share_the_plain_listener_with_the_same_answers() {
-    let s = stack().await;
-    let act = s.open_activity(10).await;
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(10, 100)]).await;
     let gw = s.gateway(|c| set(c, "server", "h2c", true)).await;
     gw.wait_activity(act.id).await;
     let jwt = gw.jwt("watcher", 600, unix_ms());
@@ -257,8 +209,8 @@ async fn h2c_and_http1_share_the_plain_listener_with_the_same_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_h2c_the_plain_listener_speaks_only_http1() {
-    let s = stack().await;
-    let act = s.open_activity(1).await;
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(1, 100)]).await;
     let gw = s.gateway(|c| set(c, "server", "h2c", false)).await;
     gw.wait_activity(act.id).await;
     let h1 = Edge::new(
@@ -298,8 +250,8 @@ fn trusting(cert_pem: &str) -> reqwest::ClientBuilder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_http1_and_alpn_h2_with_the_same_answers_as_plain_http() {
-    let s = stack().await;
-    let act = s.open_activity(10).await;
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(10, 100)]).await;
     let certs = tempfile::tempdir().unwrap();
     let (cert, key, pem) = self_signed(certs.path());
     let gw = s.gateway(|c| tls(c, &cert, &key)).await;
@@ -493,8 +445,8 @@ const CONTENT_TYPE: u8 = 31;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_outlives_the_read_deadline_and_its_slow_parts_do_not() {
-    let s = stack().await;
-    let act = s.open_activity(1).await;
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(1, 100)]).await;
     let read_ms: i64 = 400;
     let gw = s
         .gateway(|c| {
