@@ -517,6 +517,8 @@ impl RawHttp {
 pub struct PausableProxy {
     pub addr: String,
     paused: tokio::sync::watch::Sender<bool>,
+    /// Bytes read from the gateway and held while paused (not yet passed on).
+    held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -528,6 +530,8 @@ impl PausableProxy {
         let addr = listener.local_addr().expect("addr").to_string();
         let (paused, rx) = tokio::sync::watch::channel(false);
         let upstream = upstream.to_string();
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let held_all = held.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -535,6 +539,7 @@ impl PausableProxy {
                 };
                 let upstream = upstream.clone();
                 let rx = rx.clone();
+                let held = held_all.clone();
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
                         return;
@@ -550,8 +555,16 @@ impl PausableProxy {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => n,
                             };
+                            use std::sync::atomic::Ordering;
+                            let paused = *rx.borrow();
+                            if paused {
+                                held.fetch_add(n as u64, Ordering::SeqCst);
+                            }
                             if rx.wait_for(|p| !*p).await.is_err() {
                                 return;
+                            }
+                            if paused {
+                                held.fetch_sub(n as u64, Ordering::SeqCst);
                             }
                             if sw.write_all(&buf[..n]).await.is_err() {
                                 return;
@@ -565,7 +578,17 @@ impl PausableProxy {
                 });
             }
         });
-        Self { addr, paused, task }
+        Self {
+            addr,
+            paused,
+            held,
+            task,
+        }
+    }
+
+    /// Bytes the proxy holds back right now (read from the gateway while paused).
+    pub fn holding(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn pause(&self) {

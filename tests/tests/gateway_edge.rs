@@ -461,13 +461,19 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
             .await
         }
     });
-    // The cap is ceil(0.1 x 9 remaining) = 1: once the first is in flight, the second is busy.
-    let mut second = reserve(&gw, &j2, a, item, &t2).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while second.status == 202 && Instant::now() < deadline {
-        // The first had not reached the cap yet; try with the other order.
-        second = reserve(&gw, &j2, a, item, &t2).await;
-    }
+    // The first is in flight once the proxy holds its gRPC request (HEADERS + DATA: more
+    // than a ping's 17 bytes); only then may the second come, or it could take the slot.
+    wait_until_async(
+        "the first call held in flight",
+        Duration::from_secs(20),
+        || {
+            let held = proxy.holding();
+            async move { held >= 64 }
+        },
+    )
+    .await;
+    // The cap is ceil(0.1 x 9 remaining) = 1: with the first in flight, the second is busy.
+    let second = reserve(&gw, &j2, a, item, &t2).await;
     assert_eq!(
         (second.status, code(&second)),
         (429, "busy"),
