@@ -70,9 +70,11 @@ pub struct Server {
     /// (SIGQUIT to the old process, `-u` on the new one). Default
     /// `/tmp/seckill-gateway-upgrade.sock`.
     pub upgrade_sock: String,
-    /// Seconds to keep serving after a shutdown signal before closing listeners. Default 1.
+    /// After the listeners stop accepting (SIGTERM, or the end of a graceful upgrade's
+    /// hand-over), seconds the requests already accepted get to finish before the runtime
+    /// stops. 0 drops a request accepted in the last instant. Default 1.
     pub grace_period_secs: u64,
-    /// Seconds given to in-flight requests to finish after the grace period. Default 5.
+    /// Then, at most this many seconds for the runtimes to wind down. Default 5.
     pub graceful_shutdown_timeout_secs: u64,
     /// One structured (tracing) line per request. Default true.
     pub access_log: bool,
