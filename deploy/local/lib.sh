@@ -107,8 +107,9 @@ DAEMON_PORTS=(50051 9092 50052 9093 8080 9091)
 # port_holder PORT: "name(pid)" of the process listening on 127.0.0.1:PORT, empty when none.
 port_holder() {
     command -v ss >/dev/null 2>&1 || return 0
-    ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -n1 \
-        | sed 's/users:(("\([^"]*\)",pid=\([0-9]*\)/\1(\2)/'
+    # A free port makes grep fail; under `set -o pipefail` that must not fail the caller.
+    { ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'users:(("[^"]*",pid=[0-9]*' | head -n1 \
+        | sed 's/users:(("\([^"]*\)",pid=\([0-9]*\)/\1(\2)/'; } || true
 }
 
 # reserve_ports PORT...: keeps the kernel from handing these ports out as the local end of
