@@ -11,7 +11,7 @@
 //! sections need a restart (or a graceful upgrade).
 
 use ipnet::IpNet;
-use seckill_proto::config::{ensure, FieldError, Validate};
+use seckill_proto::config::{ensure, ensure_range, FieldError, Validate};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -495,11 +495,7 @@ impl Validate for Config {
         for (i, a) in s.listen.iter().enumerate() {
             check_addr(a, &format!("server.listen[{i}]"))?;
         }
-        ensure(
-            (1..=256).contains(&s.threads),
-            "server.threads",
-            "must be 1..=256",
-        )?;
+        ensure_range(s.threads, 1..=256, "server.threads")?;
         check_addr(&s.admin_listen, "server.admin_listen")?;
         if !s.tls_listen.is_empty() {
             check_addr(&s.tls_listen, "server.tls_listen")?;
@@ -610,10 +606,10 @@ impl Validate for Config {
             "auth.purchase_token_secret",
             "must be at least 16 bytes",
         )?;
-        ensure(
-            (1..=86_400).contains(&a.purchase_token_ttl_secs),
+        ensure_range(
+            a.purchase_token_ttl_secs,
+            1..=86_400,
             "auth.purchase_token_ttl_secs",
-            "must be 1..=86400",
         )?;
 
         let l = &self.limits;
@@ -662,11 +658,7 @@ impl Validate for Config {
         )?;
 
         let p = &self.protection;
-        ensure(
-            (1..=256).contains(&p.max_header_count),
-            "protection.max_header_count",
-            "must be 1..=256",
-        )?;
+        ensure_range(p.max_header_count, 1..=256, "protection.max_header_count")?;
         ensure(
             p.max_header_bytes >= 256,
             "protection.max_header_bytes",

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use seckill_proto::config::{
-    ensure, ensure_host_port, ensure_nodes, ConfigError, FieldError, Validate,
+    ensure, ensure_host_port, ensure_nodes, ensure_range, ConfigError, FieldError, Validate,
 };
 
 /// Environment override prefix: `ORDERD__MYSQL__URL=mysql://...`.
@@ -383,35 +383,23 @@ impl Validate for Config {
             "grpc.watch_max_secs",
             "must be at least 1",
         )?;
-        ensure(
-            (10..=60_000).contains(&self.grpc.watch_poll_ms),
-            "grpc.watch_poll_ms",
-            "must be 10..=60000",
-        )?;
+        ensure_range(self.grpc.watch_poll_ms, 10..=60_000, "grpc.watch_poll_ms")?;
         if let Some(listen) = &self.admin.listen {
             ensure_host_port(listen, "admin.listen")?;
         }
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
-        ensure(
-            (1..=60_000).contains(&self.redis.timeout_ms),
-            "redis.timeout_ms",
-            "must be 1..=60000",
-        )?;
-        ensure(
-            (1..=60_000).contains(&self.redis.connect_timeout_ms),
+        ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
+        ensure_range(
+            self.redis.connect_timeout_ms,
+            1..=60_000,
             "redis.connect_timeout_ms",
-            "must be 1..=60000",
         )?;
         ensure(
             self.mysql.url.starts_with("mysql://"),
             "mysql.url",
             "must start with mysql://",
         )?;
-        ensure(
-            (1..=1000).contains(&self.mysql.pool_max),
-            "mysql.pool_max",
-            "must be 1..=1000",
-        )?;
+        ensure_range(self.mysql.pool_max, 1..=1000, "mysql.pool_max")?;
         ensure(
             self.mysql.acquire_timeout_ms >= 1,
             "mysql.acquire_timeout_ms",
@@ -422,16 +410,8 @@ impl Validate for Config {
         if let Some(name) = &c.name {
             ensure(!name.is_empty(), "consumer.name", "must not be empty")?;
         }
-        ensure(
-            (1..=10_000).contains(&c.batch_size),
-            "consumer.batch_size",
-            "must be 1..=10000",
-        )?;
-        ensure(
-            (1..=10_000).contains(&c.block_ms),
-            "consumer.block_ms",
-            "must be 1..=10000",
-        )?;
+        ensure_range(c.batch_size, 1..=10_000, "consumer.batch_size")?;
+        ensure_range(c.block_ms, 1..=10_000, "consumer.block_ms")?;
         ensure(
             c.claim_idle_ms >= 10,
             "consumer.claim_idle_ms",

@@ -49,6 +49,16 @@ pub fn ensure(cond: bool, field: &str, problem: impl Into<String>) -> Result<(),
     }
 }
 
+/// Fails with `field` ("must be lo..=hi") unless `value` lies in `range`.
+pub fn ensure_range<T: PartialOrd + std::fmt::Display>(
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+    field: &str,
+) -> Result<(), FieldError> {
+    let problem = || format!("must be {}..={}", range.start(), range.end());
+    ensure(range.contains(&value), field, problem())
+}
+
 /// Fails with `field` unless `value` is `host:port` (a non-empty host and a port number).
 pub fn ensure_host_port(value: &str, field: &str) -> Result<(), FieldError> {
     ensure(is_host_port(value), field, "must be host:port")

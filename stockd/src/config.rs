@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use seckill_proto::config::{
-    ensure, ensure_host_port, ensure_nodes, ConfigError, FieldError, Validate,
+    ensure, ensure_host_port, ensure_nodes, ensure_range, ConfigError, FieldError, Validate,
 };
 
 /// Environment override prefix: `STOCKD__REDIS__TIMEOUT_MS=500`.
@@ -257,52 +257,28 @@ impl Validate for Config {
             ensure_host_port(listen, "admin.listen")?;
         }
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
-        ensure(
-            (1..=60_000).contains(&self.redis.timeout_ms),
-            "redis.timeout_ms",
-            "must be 1..=60000",
-        )?;
-        ensure(
-            (1..=60_000).contains(&self.redis.connect_timeout_ms),
+        ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
+        ensure_range(
+            self.redis.connect_timeout_ms,
+            1..=60_000,
             "redis.connect_timeout_ms",
-            "must be 1..=60000",
         )?;
-        ensure(
-            (1..=64).contains(&self.redis.pool_size),
-            "redis.pool_size",
-            "must be 1..=64",
-        )?;
+        ensure_range(self.redis.pool_size, 1..=64, "redis.pool_size")?;
         ensure(
             self.mysql.url.starts_with("mysql://") || self.mysql.url.starts_with("mariadb://"),
             "mysql.url",
             "must start with mysql://",
         )?;
-        ensure(
-            (1..=256).contains(&self.mysql.max_connections),
-            "mysql.max_connections",
-            "must be 1..=256",
-        )?;
-        ensure(
-            (1..=60_000).contains(&self.mysql.acquire_timeout_ms),
+        ensure_range(self.mysql.max_connections, 1..=256, "mysql.max_connections")?;
+        ensure_range(
+            self.mysql.acquire_timeout_ms,
+            1..=60_000,
             "mysql.acquire_timeout_ms",
-            "must be 1..=60000",
         )?;
         let s = &self.stock;
-        ensure(
-            (1..=1000).contains(&s.rebalance_batch),
-            "stock.rebalance_batch",
-            "must be 1..=1000",
-        )?;
-        ensure(
-            (1..=1024).contains(&s.rebalance_attempts),
-            "stock.rebalance_attempts",
-            "must be 1..=1024",
-        )?;
-        ensure(
-            (50..=600_000).contains(&s.fence_check_ms),
-            "stock.fence_check_ms",
-            "must be 50..=600000",
-        )?;
+        ensure_range(s.rebalance_batch, 1..=1000, "stock.rebalance_batch")?;
+        ensure_range(s.rebalance_attempts, 1..=1024, "stock.rebalance_attempts")?;
+        ensure_range(s.fence_check_ms, 50..=600_000, "stock.fence_check_ms")?;
         ensure(
             (50..=600_000).contains(&s.schedule_poll_ms),
             "stock.schedule_poll_ms",

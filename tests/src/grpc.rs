@@ -37,58 +37,48 @@ pub async fn health(
     resp.into_inner().status()
 }
 
-/// Services listed by reflection v1.
-pub async fn reflection_services_v1(addr: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-        ServerReflectionRequest,
-    };
-    let mut client = ServerReflectionClient::new(channel(addr).await);
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = client
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("reflection v1")
-        .into_inner();
-    let mut names = Vec::new();
-    while let Some(msg) = stream.next().await {
-        if let Some(MessageResponse::ListServicesResponse(list)) =
-            msg.expect("reflection v1 answer").message_response
-        {
-            names.extend(list.service.into_iter().map(|s| s.name));
+/// `async fn $name(addr) -> Vec<String>`: the services listed by the reflection protocol
+/// of module `$pb` (v1 and v1alpha are the same messages in two generated modules).
+macro_rules! list_services {
+    ($(#[$doc:meta])* $name:ident, $pb:ident) => {
+        $(#[$doc])*
+        pub async fn $name(addr: &str) -> Vec<String> {
+            use tonic_reflection::pb::$pb::{
+                server_reflection_client::ServerReflectionClient,
+                server_reflection_request::MessageRequest,
+                server_reflection_response::MessageResponse, ServerReflectionRequest,
+            };
+            let mut client = ServerReflectionClient::new(channel(addr).await);
+            let req = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut stream = client
+                .server_reflection_info(tokio_stream::once(req))
+                .await
+                .expect(concat!("reflection ", stringify!($pb)))
+                .into_inner();
+            let mut names = Vec::new();
+            while let Some(msg) = stream.next().await {
+                if let Some(MessageResponse::ListServicesResponse(list)) = msg
+                    .expect(concat!("reflection ", stringify!($pb), " answer"))
+                    .message_response
+                {
+                    names.extend(list.service.into_iter().map(|s| s.name));
+                }
+            }
+            names
         }
-    }
-    names
+    };
 }
 
-/// Services listed by reflection v1alpha (the protocol ghz falls back to).
-pub async fn reflection_services_v1alpha(addr: &str) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::{
-        server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-        ServerReflectionRequest,
-    };
-    let mut client = ServerReflectionClient::new(channel(addr).await);
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = client
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("reflection v1alpha")
-        .into_inner();
-    let mut names = Vec::new();
-    while let Some(msg) = stream.next().await {
-        if let Some(MessageResponse::ListServicesResponse(list)) =
-            msg.expect("reflection v1alpha answer").message_response
-        {
-            names.extend(list.service.into_iter().map(|s| s.name));
-        }
-    }
-    names
-}
+list_services!(
+    /// Services listed by reflection v1.
+    reflection_services_v1,
+    v1
+);
+list_services!(
+    /// Services listed by reflection v1alpha (the protocol ghz falls back to).
+    reflection_services_v1alpha,
+    v1alpha
+);
