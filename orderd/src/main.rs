@@ -18,6 +18,7 @@ fn main() -> ExitCode {
             admin: c.admin.listen.as_deref(),
             mysql_url: &c.mysql.url,
             json_logs: c.log.json,
+            worker_threads: 0,
         },
         orderd::run,
     )

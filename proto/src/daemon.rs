@@ -39,6 +39,9 @@ pub struct Endpoints<'a> {
     pub mysql_url: &'a str,
     /// JSON log lines instead of text.
     pub json_logs: bool,
+    /// Runtime worker threads; 0 = tokio's default (`TOKIO_WORKER_THREADS`, else one
+    /// per core).
+    pub worker_threads: usize,
 }
 
 /// Runs a daemon: `name` is its binary name (flags' help, default config
@@ -76,7 +79,15 @@ where
         return ExitCode::SUCCESS;
     }
     crate::telemetry::init(endpoints(&config).json_logs);
-    let rt = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    match endpoints(&config).worker_threads {
+        0 => {}
+        n => {
+            builder.worker_threads(n);
+        }
+    }
+    let rt = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{name}: cannot start the runtime: {e}");

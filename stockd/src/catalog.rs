@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use seckill_proto::pb;
 
+use crate::batch::ShardQueue;
+
 /// One item of a published activity.
 #[derive(Debug)]
 pub struct ItemEntry {
@@ -42,6 +44,8 @@ pub struct ActivityEntry {
     pub rotation: AtomicU32,
     /// Per shard: the highest sequence seen handed out (see [`HighWater`]).
     high_water: Vec<Mutex<HighWater>>,
+    /// Per shard: reservations waiting for the shard's next reserve call.
+    queues: Vec<ShardQueue>,
 }
 
 impl ActivityEntry {
@@ -68,6 +72,9 @@ impl ActivityEntry {
             high_water: (0..activity_shards(&activity))
                 .map(|_| Mutex::new(HighWater::default()))
                 .collect(),
+            queues: (0..activity_shards(&activity))
+                .map(|_| ShardQueue::default())
+                .collect(),
             activity,
         }
     }
@@ -79,6 +86,11 @@ impl ActivityEntry {
         activity_shards(&self.activity)
     }
     /// Shard `i`'s high-water mark (default when none seen yet).
+    /// Shard `shard`'s reservation queue.
+    pub fn queue(&self, shard: u32) -> Option<&ShardQueue> {
+        self.queues.get(shard as usize)
+    }
+
     pub fn high_water(&self, shard: u32) -> HighWater {
         self.high_water
             .get(shard as usize)

@@ -47,6 +47,11 @@ pub struct GrpcConfig {
     /// How long in-flight calls may finish after a shutdown signal, in ms. Default 5000.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
+    /// Threads that serve calls and drive Redis I/O (0..=256); 0 = one per core seen
+    /// by the process (or `TOKIO_WORKER_THREADS`). Set it under a CPU quota smaller
+    /// than the host, where "one per core" oversubscribes. Default 0.
+    #[serde(default)]
+    pub worker_threads: usize,
 }
 
 /// `[admin]`.
@@ -110,6 +115,12 @@ pub struct StockConfig {
     /// is repaired even with no traffic, in ms (50..=600000). Default 1000.
     #[serde(default = "default_fence_check_ms")]
     pub fence_check_ms: u64,
+    /// Most reservations of one shard sent in one reserve call (1..=1024). Per shard
+    /// one call is in flight; reservations arriving meanwhile go together in the next
+    /// call (group commit, no timer: a lone reservation goes at once). 1 turns
+    /// batching off. Default 64.
+    #[serde(default = "default_reserve_batch_max")]
+    pub reserve_batch_max: u32,
     /// How often scheduled publications and activity changes are polled from MySQL,
     /// in ms (50..=600000). Default 1000.
     #[serde(default = "default_schedule_poll_ms")]
@@ -163,6 +174,9 @@ fn default_rebalance_attempts() -> u32 {
 fn default_fence_check_ms() -> u64 {
     1000
 }
+fn default_reserve_batch_max() -> u32 {
+    64
+}
 fn default_schedule_poll_ms() -> u64 {
     1000
 }
@@ -173,6 +187,7 @@ impl Default for StockConfig {
             rebalance_batch: default_rebalance_batch(),
             rebalance_attempts: default_rebalance_attempts(),
             fence_check_ms: default_fence_check_ms(),
+            reserve_batch_max: default_reserve_batch_max(),
             schedule_poll_ms: default_schedule_poll_ms(),
             recompute_at_start: true,
         }
@@ -203,6 +218,7 @@ impl Config {
                 listen: "127.0.0.1:0".into(),
                 service_token: token.into(),
                 drain_ms: 2000,
+                worker_threads: 0,
             },
             admin: AdminConfig::default(),
             redis: RedisConfig {
@@ -253,6 +269,7 @@ impl Validate for Config {
             "grpc.drain_ms",
             "must be at most 600000",
         )?;
+        ensure_range(self.grpc.worker_threads, 0..=256, "grpc.worker_threads")?;
         if let Some(listen) = &self.admin.listen {
             ensure_host_port(listen, "admin.listen")?;
         }
@@ -279,6 +296,7 @@ impl Validate for Config {
         ensure_range(s.rebalance_batch, 1..=1000, "stock.rebalance_batch")?;
         ensure_range(s.rebalance_attempts, 1..=1024, "stock.rebalance_attempts")?;
         ensure_range(s.fence_check_ms, 50..=600_000, "stock.fence_check_ms")?;
+        ensure_range(s.reserve_batch_max, 1..=1024, "stock.reserve_batch_max")?;
         ensure(
             (50..=600_000).contains(&s.schedule_poll_ms),
             "stock.schedule_poll_ms",
@@ -310,6 +328,7 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     fn a_minimal_file_loads_with_defaults() {
         let c = load(GOOD, &[]).unwrap();
         assert_eq!(c.stock.rebalance_batch, 4);
+        assert_eq!(c.stock.reserve_batch_max, 64);
         assert_eq!(c.redis.timeout_ms, 500);
         assert!(c.admin.listen.is_none());
     }
@@ -349,6 +368,18 @@ url = "mysql://root@127.0.0.1:3306/seckill"
             (
                 ("STOCKD__STOCK__FENCE_CHECK_MS", "1"),
                 "stock.fence_check_ms",
+            ),
+            (
+                ("STOCKD__GRPC__WORKER_THREADS", "257"),
+                "grpc.worker_threads",
+            ),
+            (
+                ("STOCKD__STOCK__RESERVE_BATCH_MAX", "0"),
+                "stock.reserve_batch_max",
+            ),
+            (
+                ("STOCKD__STOCK__RESERVE_BATCH_MAX", "1025"),
+                "stock.reserve_batch_max",
             ),
             (("STOCKD__MYSQL__URL", "postgres://x"), "mysql.url"),
             (("STOCKD__GRPC__LISTEN", "nowhere"), "grpc.listen"),

@@ -33,6 +33,26 @@ pub enum Error {
     Internal(String),
 }
 
+impl Error {
+    /// The same failure for another caller of a shared Redis call (one call answers
+    /// several reservations). MySQL errors do not occur there and become UNAVAILABLE.
+    pub fn replicate(&self) -> Error {
+        match self {
+            Error::InvalidArgument { field, problem } => Error::InvalidArgument {
+                field: field.clone(),
+                problem: problem.clone(),
+            },
+            Error::NotFound(m) => Error::NotFound(m.clone()),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
+            Error::Unavailable(m) => Error::Unavailable(m.clone()),
+            Error::Redis(e) => Error::Redis(e.clone()),
+            Error::RedisTimeout(ms) => Error::RedisTimeout(*ms),
+            Error::Db(e) => Error::Unavailable(format!("mysql: {e}")),
+            Error::Internal(m) => Error::Internal(m.clone()),
+        }
+    }
+}
+
 /// Shorthand for [`Error::InvalidArgument`].
 pub fn invalid(field: &str, problem: impl Into<String>) -> Error {
     Error::InvalidArgument {

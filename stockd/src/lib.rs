@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod batch;
 pub mod catalog;
 pub mod config;
 pub mod db;

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub lua_seconds: HistogramVec,
     /// `stockd_reserve_seconds`: latency of a whole Reserve (rebalancing included).
     pub reserve_seconds: Histogram,
+    /// `stockd_reserve_batch_size`: reservations per reserve call (group commit).
+    pub reserve_batch: Histogram,
     /// `stockd_redis_errors_total{kind}`: timeout, noscript, error.
     pub redis_errors: IntCounterVec,
     /// `stockd_recomputes_total{result}`: ok, error.
@@ -68,6 +70,16 @@ impl Metrics {
             ),
         )
         .expect("valid metric");
+        let reserve_batch = Histogram::with_opts(
+            HistogramOpts::new(
+                "stockd_reserve_batch_size",
+                "Reservations sent in one reserve call",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0,
+            ]),
+        )
+        .expect("valid metric");
         let redis_errors = IntCounterVec::new(
             Opts::new("stockd_redis_errors_total", "Redis errors by kind"),
             &["kind"],
@@ -106,6 +118,7 @@ impl Metrics {
             Box::new(releases.clone()),
             Box::new(lua_seconds.clone()),
             Box::new(reserve_seconds.clone()),
+            Box::new(reserve_batch.clone()),
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
             Box::new(false_sold_out.clone()),
@@ -121,6 +134,7 @@ impl Metrics {
             releases,
             lua_seconds,
             reserve_seconds,
+            reserve_batch,
             redis_errors,
             recomputes,
             false_sold_out,

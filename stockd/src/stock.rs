@@ -16,11 +16,12 @@ use std::time::Instant;
 
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
-use seckill_lua::scripts::{self, reserve_outcome};
+use seckill_lua::scripts;
 use seckill_lua::{home_shard, ReservationId};
 
 use crate::app::App;
-use crate::catalog::{ActivityEntry, HighWater};
+use crate::batch::Script;
+use crate::catalog::ActivityEntry;
 use crate::domain::{now_ms, RequestId, UserId};
 use crate::error::{invalid, Error, Result};
 use crate::redis::{array, int, text};
@@ -64,18 +65,6 @@ impl Reserve {
 pub enum Release {
     Released,
     NotHeld,
-}
-
-/// One answer of the reserve script.
-enum Script {
-    Reserved(String, i64),
-    Retry(String, i64),
-    Duplicate(String, i64),
-    SoldOut,
-    Lost,
-    /// Redis lost writes: the shard's sequence (second) is below the high-water mark
-    /// (first) the call was made with, under the same epoch.
-    Behind(HighWater, u64),
 }
 
 /// One rebalancing move's result.
@@ -147,7 +136,7 @@ impl App {
         let mut moved = false;
         for attempt in 0..=attempts {
             match self
-                .reserve_script(&entry, item, home, user, request, now)
+                .reserve_script(&entry, item, home, user, request)
                 .await?
             {
                 Script::Reserved(rid, left) => {
@@ -156,7 +145,7 @@ impl App {
                     } else if moved {
                         // Units moved here while another call may have declared the
                         // item sold out from a scan that missed them in transit.
-                        if let Err(e) = self.clear_sold_out(activity, item).await {
+                        if let Err(e) = Box::pin(self.clear_sold_out(activity, item)).await {
                             tracing::warn!(activity, item, error = %e, "cannot clear sold-out");
                         }
                     }
@@ -204,24 +193,14 @@ impl App {
                     if attempt == attempts {
                         break;
                     }
-                    if shards == 1 || self.redis.exists(keys::sold_out(activity, item)).await? {
-                        return Ok((Reserve::SoldOut, window));
-                    }
-                    match self.rebalance(&entry, item, home).await? {
-                        Moved::Units => {
-                            moved = true;
+                    // The cold path is boxed: it keeps this future small, and the gRPC
+                    // layer moves every Reserve future (its largest state) into a box.
+                    match Box::pin(self.home_empty(&entry, item, home)).await? {
+                        Empty::Retry { moved: m } => {
+                            moved |= m;
                             continue;
                         }
-                        Moved::Nothing => {
-                            // Units may be in transit between a take and a give of
-                            // another call: look again before declaring it sold out.
-                            let left = self.shard_stock(activity, item, shards).await?;
-                            if left.iter().any(|&n| n > 0) {
-                                continue;
-                            }
-                            self.mark_sold_out(activity, item).await?;
-                            return Ok((Reserve::SoldOut, window));
-                        }
+                        Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
                     }
                 }
             }
@@ -232,54 +211,32 @@ impl App {
         Ok((Reserve::SoldOut, window))
     }
 
-    async fn reserve_script(
-        &self,
-        entry: &ActivityEntry,
-        s: u64,
-        shard: u32,
-        user: &UserId,
-        request: &RequestId,
-        now: i64,
-    ) -> Result<Script> {
-        let a = entry.id();
-        let hw = entry.high_water(shard);
-        let keys = vec![
-            keys::fence(a, shard),
-            keys::stock(a, shard, s),
-            keys::buyers(a, shard, s),
-            keys::orders_stream(a, shard),
-            keys::seq(a, shard),
-        ];
-        let args = vec![
-            a.to_string(),
-            s.to_string(),
-            shard.to_string(),
-            user.as_str().to_string(),
-            request.as_str().to_string(),
-            now.to_string(),
-            hw.epoch.clone(),
-            hw.seq.to_string(),
-        ];
-        let parts = array(self.redis.eval(&scripts::RESERVE, keys, args).await?)?;
-        if parts.len() != 3 {
-            return Err(Error::Internal(format!("reserve answered {parts:?}")));
+    /// After the home shard answered SOLD_OUT: sold out for good (the flag is set, or a
+    /// scan and a second look found every shard empty), or try again (units moved
+    /// home, or some are in transit between another call's take and give).
+    async fn home_empty(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        item: u64,
+        home: u32,
+    ) -> Result<Empty> {
+        let (activity, shards) = (entry.id(), entry.shards());
+        if shards == 1 || self.redis.exists(keys::sold_out(activity, item)).await? {
+            return Ok(Empty::SoldOut);
         }
-        let rid = text(&parts[1]);
-        let left = int(&parts[2])?;
-        Ok(match text(&parts[0]).as_str() {
-            reserve_outcome::RESERVED => {
-                if let Ok(id) = rid.parse::<ReservationId>() {
-                    entry.saw(shard, &id.epoch, id.seq);
+        match self.rebalance(entry, item, home).await? {
+            Moved::Units => Ok(Empty::Retry { moved: true }),
+            Moved::Nothing => {
+                // Units may be in transit between a take and a give of another call:
+                // look again before declaring it sold out.
+                let left = self.shard_stock(activity, item, shards).await?;
+                if left.iter().any(|&n| n > 0) {
+                    return Ok(Empty::Retry { moved: false });
                 }
-                Script::Reserved(rid, left)
+                self.mark_sold_out(activity, item).await?;
+                Ok(Empty::SoldOut)
             }
-            reserve_outcome::RETRY => Script::Retry(rid, left),
-            reserve_outcome::DUPLICATE => Script::Duplicate(rid, left),
-            reserve_outcome::SOLD_OUT => Script::SoldOut,
-            reserve_outcome::LOST => Script::Lost,
-            reserve_outcome::BEHIND => Script::Behind(hw, left.max(0) as u64),
-            other => return Err(Error::Internal(format!("reserve answered {other}"))),
-        })
+        }
     }
 
     /// Moves up to `rebalance_batch` units from the first donor shard that has some
@@ -483,4 +440,10 @@ impl App {
 enum Moved {
     Units,
     Nothing,
+}
+
+/// What follows a SOLD_OUT from the home shard.
+enum Empty {
+    Retry { moved: bool },
+    SoldOut,
 }

@@ -307,26 +307,9 @@ pub async fn reserve_direct(
     req: &str,
 ) -> Reserved {
     let h = seckill_lua::home_shard(user, shards);
-    let reply: Value = eval(
-        redis,
-        &scripts::RESERVE,
-        vec![
-            keys::fence(a, h),
-            keys::stock(a, h, s),
-            keys::buyers(a, h, s),
-            keys::orders_stream(a, h),
-            keys::seq(a, h),
-        ],
-        vec![
-            a.to_string(),
-            s.to_string(),
-            h.to_string(),
-            user.to_string(),
-            req.to_string(),
-            chrono_now_ms().to_string(),
-        ],
-    )
-    .await;
+    let mut call = scripts::ReserveCall::new(a, h, chrono_now_ms(), "", 0, 1);
+    call.push(s, user, req);
+    let reply: Value = eval(redis, &scripts::RESERVE, call.keys, call.args).await;
     let parts = reply.into_array();
     Reserved {
         outcome: parts

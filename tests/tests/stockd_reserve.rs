@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use fred::prelude::*;
+use seckill_lua::scripts::{self, ReserveCall};
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::stockd::{create_published_activity, spawn_stockd, StockClient};
@@ -108,6 +109,13 @@ async fn two_thousand_concurrent_reservations_from_a_thousand_users_sell_exactly
         }
     }
     let answers = crowd(&c, a, s, calls).await;
+    // The crowd queued behind in-flight calls: some calls carried several
+    // reservations, so what is checked below is the group-commit path.
+    let batches = &h.metrics.reserve_batch;
+    assert!(
+        batches.get_sample_sum() > batches.get_sample_count() as f64,
+        "no reserve call carried more than one reservation"
+    );
     let mut reserved_users = HashSet::new();
     let mut rids = HashSet::new();
     let mut reserved = 0;
@@ -291,4 +299,104 @@ async fn selling_out_sets_the_flag_and_a_release_clears_it_with_messages() {
     );
     let r = reserve(&mut c, a, s, "u9", "r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+}
+
+/// One reserve call as stockd sends it when reservations queue behind an in-flight
+/// call: a flat answer of (outcome, reservation id, units left) per reservation.
+async fn reserve_call(redis: &Client, call: ReserveCall) -> Vec<(String, String, i64)> {
+    let v: Value = redis
+        .eval(scripts::RESERVE.body, call.keys, call.args)
+        .await
+        .expect("reserve script");
+    v.into_array()
+        .chunks_exact(3)
+        .map(|f| {
+            (
+                f[0].as_string().unwrap_or_default(),
+                f[1].as_string().unwrap_or_default(),
+                f[2].as_i64().unwrap_or(i64::MIN),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&cluster, &db).await;
+    let act = create_published_activity(&h, &[(3, 500), (5, 700)], 1, Duration::ZERO, HOUR).await;
+    let (a, s, t) = (act.id, act.items[0].id, act.items[1].id);
+    let redis = cluster.client().await;
+    let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
+    let now = 1_700_000_000_000;
+
+    let mut call = ReserveCall::new(a, 0, now, &epoch, 0, 7);
+    for (item, user, req) in [
+        (s, "alice", "r1"),
+        (s, "alice", "r1"), // the same request again: its reservation
+        (s, "alice", "r2"), // another request of hers: she holds one
+        (s, "bob", "r3"),
+        (t, "alice", "r4"), // another item: a buyer record of its own
+        (s, "carol", "r5"), // the last unit of s
+        (s, "dave", "r6"),  // none left
+    ] {
+        call.push(item, user, req);
+    }
+    let got = reserve_call(&redis, call).await;
+    let outcomes: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            "RESERVED",
+            "RETRY",
+            "DUPLICATE",
+            "RESERVED",
+            "RESERVED",
+            "RESERVED",
+            "SOLD_OUT"
+        ]
+    );
+    assert_eq!(got[1].1, got[0].1, "a retry names the first reservation");
+    assert_eq!(got[2].1, got[0].1, "a duplicate names the held reservation");
+    let lefts: Vec<i64> = got.iter().map(|g| g.2).collect();
+    assert_eq!(lefts, [2, 2, 2, 1, 4, 0, 0]);
+    let rids: HashSet<&str> = [0, 3, 4, 5].iter().map(|&i| got[i].1.as_str()).collect();
+    assert_eq!(rids.len(), 4, "every reservation has its own id: {got:?}");
+    for i in [0, 3, 5] {
+        let id: seckill_lua::ReservationId = got[i].1.parse().unwrap();
+        assert_eq!((id.activity, id.item, id.shard), (a, s, 0));
+        assert_eq!(id.epoch, epoch);
+    }
+    assert_eq!(
+        got[4].1.parse::<seckill_lua::ReservationId>().unwrap().item,
+        t
+    );
+    assert_eq!(shard_stock(&redis, a, s, 1).await, [0]);
+    assert_eq!(shard_stock(&redis, a, t, 1).await, [4]);
+    assert_eq!(stream_len(&redis, a, 1).await, 4);
+    let seq: u64 = redis.get(keys::seq(a, 0)).await.unwrap();
+
+    // A high-water mark above the shard's sequence: BEHIND for all, nothing written.
+    let mut call = ReserveCall::new(a, 0, now, &epoch, seq + 5, 2);
+    call.push(t, "erin", "r7");
+    call.push(t, "frank", "r8");
+    let got = reserve_call(&redis, call).await;
+    assert_eq!(
+        got,
+        [
+            ("BEHIND".into(), String::new(), seq as i64),
+            ("BEHIND".into(), String::new(), seq as i64)
+        ]
+    );
+    // The fence gone: LOST for all, nothing written.
+    let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
+    let mut call = ReserveCall::new(a, 0, now, "", 0, 2);
+    call.push(t, "erin", "r7");
+    call.push(t, "frank", "r8");
+    let got = reserve_call(&redis, call).await;
+    assert!(got.iter().all(|g| g.0 == "LOST"), "{got:?}");
+    assert_eq!(shard_stock(&redis, a, t, 1).await, [4]);
+    assert_eq!(stream_len(&redis, a, 1).await, 4);
 }
