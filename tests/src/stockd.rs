@@ -224,6 +224,16 @@ impl StockdProcess {
 /// Runs `stockd -c <generated config>` on free ports and waits until it is ready.
 /// Needs `cargo build -p stockd --bins` first.
 pub async fn spawn_stockd_process(redis: &RedisCluster, db: &TestDb) -> StockdProcess {
+    spawn_stockd_process_with(redis, db, "", "").await
+}
+
+/// [`spawn_stockd_process`] with more `[grpc]` and `[stock]` settings (TOML lines).
+pub async fn spawn_stockd_process_with(
+    redis: &RedisCluster,
+    db: &TestDb,
+    grpc: &str,
+    stock: &str,
+) -> StockdProcess {
     let dir = tempfile::Builder::new()
         .prefix("seckill-stockd-")
         .tempdir()
@@ -237,9 +247,9 @@ pub async fn spawn_stockd_process(redis: &RedisCluster, db: &TestDb) -> StockdPr
         .join(", ");
     let config = format!(
         "[grpc]\nlisten = \"127.0.0.1:{grpc_port}\"\nservice_token = \"{SERVICE_TOKEN}\"\n\
-         drain_ms = 2000\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
+         drain_ms = 2000\n{grpc}\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
          [redis]\nnodes = [{nodes}]\n[mysql]\nurl = \"{}\"\n\
-         [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n",
+         [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n{stock}\n",
         db.url()
     );
     let path = dir.path().join("stockd.toml");

@@ -21,9 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use seckill_lua::{home_shard, keys, scripts};
+use seckill_lua::home_shard;
+use seckill_lua::scripts::{self, ReserveCall};
 use seckill_proto::pb;
-use seckill_tests::stockd::{create_published_activity_with, spawn_stockd_process};
+use seckill_tests::stockd::{
+    create_published_activity_with, spawn_stockd_process, spawn_stockd_process_with, StockdProcess,
+};
 use seckill_tests::{RedisCluster, TestDb};
 
 struct Run {
@@ -161,6 +164,77 @@ fn redis_cpu(cluster: &RedisCluster) -> f64 {
         .sum()
 }
 
+/// One Reserve-over-gRPC case against its own stockd process.
+struct GrpcCase {
+    run: Run,
+    cpu_stockd: f64,
+    cpu_redis: f64,
+    handler_ms: f64,
+    lua_ms: f64,
+    batch_mean: f64,
+}
+
+/// Publishes an item that never sells out on `p` and drives Reserve over gRPC
+/// (64 callers over 4 HTTP/2 connections, a fresh user per call).
+async fn grpc_case(
+    p: &StockdProcess,
+    cluster: &RedisCluster,
+    conc: usize,
+    secs: u64,
+    tag: &'static str,
+) -> GrpcCase {
+    let mut admin = p.admin_client().await;
+    let act = create_published_activity_with(
+        &mut admin,
+        &[(50_000_000, 100)],
+        8,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..env_u64("BENCH_CONNS", 4) {
+        clients.push(p.stock_client().await);
+    }
+    let (oa, os) = (act.id, act.items[0].id);
+    let pid = p.child.id().unwrap();
+    let before = scrape(&p.admin_addr).await;
+    let (cpu_stockd0, cpu_redis0) = (proc_cpu(pid), redis_cpu(cluster));
+    let clients = Arc::new(clients);
+    let run = drive(conc, secs, move |w, seq| {
+        let mut c = clients[w % clients.len()].clone();
+        async move {
+            let r = c
+                .reserve(pb::ReserveRequest {
+                    activity_id: oa,
+                    item_id: os,
+                    user_id: format!("{tag}{w}-{seq}"),
+                    request_id: "r".into(),
+                })
+                .await;
+            matches!(r, Ok(r) if r.get_ref().outcome() == pb::ReserveOutcome::Reserved)
+        }
+    })
+    .await;
+    let cpu_stockd = proc_cpu(pid) - cpu_stockd0;
+    let cpu_redis = redis_cpu(cluster) - cpu_redis0;
+    let after = scrape(&p.admin_addr).await;
+    // Means over the whole case (the 1 s warm-up's calls included; a mean is fine).
+    let diff = |name: &str, label: &str, scale: f64| {
+        let (s1, c1) = histogram(&after, name, label);
+        let (s0, c0) = histogram(&before, name, label);
+        ((s1 - s0) / (c1 - c0).max(1.0)) * scale
+    };
+    GrpcCase {
+        handler_ms: diff("stockd_reserve_seconds", "", 1000.0),
+        lua_ms: diff("stockd_lua_seconds", "script=\"reserve\"", 1000.0),
+        batch_mean: diff("stockd_reserve_batch_size", "", 1.0),
+        run,
+        cpu_stockd,
+        cpu_redis,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run through deploy/bench/stockd.sh"]
 async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
@@ -168,19 +242,19 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     let conc = env_u64("BENCH_CONCURRENCY", 64) as usize;
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let p = spawn_stockd_process(&cluster, &db).await;
-    let mut admin = p.admin_client().await;
-    let hour = Duration::from_secs(3600);
-    let ours =
-        create_published_activity_with(&mut admin, &[(50_000_000, 100)], 8, Duration::ZERO, hour)
-            .await;
-    let theirs =
-        create_published_activity_with(&mut admin, &[(50_000_000, 100)], 8, Duration::ZERO, hour)
-            .await;
 
-    // --- anchor: reserve.lua by EVALSHA, same cluster, same shape of keys.
+    // --- anchor: reserve.lua by EVALSHA, one reservation per call, same cluster,
+    // same shape of keys.
+    let p = spawn_stockd_process(&cluster, &db).await;
+    let theirs = create_published_activity_with(
+        &mut p.admin_client().await,
+        &[(50_000_000, 100)],
+        8,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )
+    .await;
     let redis = cluster.client().await;
-    let _: String = redis.script_load(scripts::RESERVE.body).await.unwrap();
     for i in 0..cluster.nodes().len() {
         cluster.cli(i, &["SCRIPT", "LOAD", scripts::RESERVE.body]);
     }
@@ -198,20 +272,11 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap()
-                    .as_millis()
-                    .to_string();
+                    .as_millis() as i64;
+                let mut call = ReserveCall::new(ta, shard, now, "", 0, 1);
+                call.push(ts, &user, "r");
                 let r: Result<Vec<fred::types::Value>, _> = redis
-                    .evalsha(
-                        sha,
-                        vec![
-                            keys::fence(ta, shard),
-                            keys::stock(ta, shard, ts),
-                            keys::buyers(ta, shard, ts),
-                            keys::orders_stream(ta, shard),
-                            keys::seq(ta, shard),
-                        ],
-                        vec![ta.to_string(), ts.to_string(), shard.to_string(), user, "r".into(), now],
-                    )
+                    .evalsha(sha, call.keys, call.args)
                     .await;
                 matches!(r, Ok(v) if v.first().and_then(|x| x.as_str().map(|s| s == "RESERVED")).unwrap_or(false))
             }
@@ -220,81 +285,59 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     };
     let cpu_redis_anchor = redis_cpu(&cluster) - cpu_redis0;
 
-    // --- ours: StockService.Reserve over gRPC, 64 callers over 4 HTTP/2 connections.
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        clients.push(p.stock_client().await);
-    }
-    let (oa, os) = (ours.id, ours.items[0].id);
-    let pid = p.child.id().unwrap();
-    let before = scrape(&p.admin_addr).await;
-    let (cpu_stockd0, cpu_redis1) = (proc_cpu(pid), redis_cpu(&cluster));
-    let clients = Arc::new(clients);
-    let grpc = drive(conc, secs, move |w, seq| {
-        let mut c = clients[w % clients.len()].clone();
-        async move {
-            let r = c
-                .reserve(pb::ReserveRequest {
-                    activity_id: oa,
-                    item_id: os,
-                    user_id: format!("g{w}-{seq}"),
-                    request_id: "r".into(),
-                })
-                .await;
-            matches!(r, Ok(r) if r.get_ref().outcome() == pb::ReserveOutcome::Reserved)
-        }
-    })
+    // --- ours: StockService.Reserve over gRPC, with group commit (the default), then
+    // with `reserve_batch_max = 1` (one reserve call per reservation).
+    let ours = grpc_case(&p, &cluster, conc, secs, "g").await;
+    drop(p);
+    // A second process (the first one stopped), which leaves the shards it finds
+    // intact instead of rebuilding them from the streams the cases above filled.
+    let p = spawn_stockd_process_with(
+        &cluster,
+        &db,
+        "",
+        "recompute_at_start = false\nreserve_batch_max = 1",
+    )
     .await;
-    let cpu_stockd = proc_cpu(pid) - cpu_stockd0;
-    let cpu_redis_ours = redis_cpu(&cluster) - cpu_redis1;
-    let after = scrape(&p.admin_addr).await;
-    let diff = |name: &str, label: &str| {
-        let (s1, c1) = histogram(&after, name, label);
-        let (s0, c0) = histogram(&before, name, label);
-        // Includes the 1 s warm-up's calls; a mean is fine.
-        ((s1 - s0) / (c1 - c0).max(1.0)) * 1000.0
-    };
-    let handler_ms = diff("stockd_reserve_seconds", "");
-    let lua_ms = diff("stockd_lua_seconds", "script=\"reserve\"");
+    let single = grpc_case(&p, &cluster, conc, secs, "s").await;
+    drop(p);
 
-    let ratio = grpc.rps() / anchor.rps();
-    let rows = vec![
-        (
-            "reserve_throughput_64",
-            grpc.rps(),
-            anchor.rps(),
-            ratio,
-            "reservations/s",
-        ),
-        (
-            "reserve_p50_64",
-            grpc.pct(0.50),
-            anchor.pct(0.50),
-            grpc.pct(0.50) / anchor.pct(0.50),
-            "ms",
-        ),
-        (
-            "reserve_p99_64",
-            grpc.pct(0.99),
-            anchor.pct(0.99),
-            grpc.pct(0.99) / anchor.pct(0.99),
-            "ms",
-        ),
-        (
-            "reserve_mean_64",
-            grpc.mean_ms(),
-            anchor.mean_ms(),
-            grpc.mean_ms() / anchor.mean_ms(),
-            "ms",
-        ),
-        (
-            "redis_cpu_per_1k",
-            cpu_redis_ours / (grpc.calls as f64 / 1000.0),
-            cpu_redis_anchor / (anchor.calls as f64 / 1000.0),
-            (cpu_redis_ours / grpc.calls as f64) / (cpu_redis_anchor / anchor.calls as f64),
-            "cpu-s/1k reservations",
-        ),
+    let per_1k = |cpu: f64, calls: u64| cpu / (calls as f64 / 1000.0);
+    let mut rows = Vec::new();
+    let cases = [
+        ("", "group commit", &ours),
+        ("_unbatched", "no group commit", &single),
     ];
+    for (name, _, c) in cases {
+        let g = &c.run;
+        rows.push((
+            format!("reserve_throughput_64{name}"),
+            g.rps(),
+            anchor.rps(),
+            g.rps() / anchor.rps(),
+            "reservations/s",
+        ));
+        rows.push((
+            format!("reserve_p50_64{name}"),
+            g.pct(0.50),
+            anchor.pct(0.50),
+            g.pct(0.50) / anchor.pct(0.50),
+            "ms",
+        ));
+        rows.push((
+            format!("reserve_p99_64{name}"),
+            g.pct(0.99),
+            anchor.pct(0.99),
+            g.pct(0.99) / anchor.pct(0.99),
+            "ms",
+        ));
+        rows.push((
+            format!("redis_cpu_per_1k{name}"),
+            per_1k(c.cpu_redis, g.calls),
+            per_1k(cpu_redis_anchor, anchor.calls),
+            per_1k(c.cpu_redis, g.calls) / per_1k(cpu_redis_anchor, anchor.calls),
+            "cpu-s/1k reservations",
+        ));
+    }
     let dir = std::env::var("RESULTS_DIR")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../results").to_string());
     std::fs::create_dir_all(&dir).unwrap();
@@ -305,38 +348,44 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     std::fs::write(format!("{dir}/stockd.tsv"), &tsv).unwrap();
 
     println!("\nstockd Reserve benchmark: {conc} concurrent callers, {secs} s per case, 3-master Redis Cluster, 8 shards");
-    println!("ours = StockService.Reserve over gRPC (release stockd child process); anchor = EVALSHA reserve.lua via fred\n");
+    println!("ours = StockService.Reserve over gRPC (release stockd child process, default config: group commit)");
     println!(
-        "{:<22} {:>14} {:>14} {:>8}  unit",
+        "_unbatched: the same with stock.reserve_batch_max = 1 (one reserve call per reservation)"
+    );
+    println!("anchor = EVALSHA reserve.lua via fred, one reservation per call\n");
+    println!(
+        "{:<32} {:>14} {:>14} {:>8}  unit",
         "case", "ours", "anchor", "ratio"
     );
     for (case, o, a, r, unit) in &rows {
-        println!("{case:<22} {o:>14.3} {a:>14.3} {r:>8.3}  {unit}");
+        println!("{case:<32} {o:>14.3} {a:>14.3} {r:>8.3}  {unit}");
     }
-    println!("\nwhere the time goes (ours, mean per reservation):");
-    println!("  client-observed            {:>8.3} ms", grpc.mean_ms());
-    println!(
-        "  stockd handler             {:>8.3} ms  (stockd_reserve_seconds)",
-        handler_ms
-    );
-    println!(
-        "    of which EVALSHA reserve {:>8.3} ms  (stockd_lua_seconds)",
-        lua_ms
-    );
-    println!(
-        "    handler minus Lua        {:>8.3} ms  (validation, catalog, fred queueing)",
-        handler_ms - lua_ms
-    );
-    println!(
-        "  gRPC/HTTP2 + scheduling    {:>8.3} ms  (client-observed minus handler)",
-        grpc.mean_ms() - handler_ms
-    );
-    println!(
-        "  CPU per 1k reservations: stockd {:.3} s, redis {:.3} s (anchor: redis {:.3} s)",
-        cpu_stockd / (grpc.calls as f64 / 1000.0),
-        cpu_redis_ours / (grpc.calls as f64 / 1000.0),
-        cpu_redis_anchor / (anchor.calls as f64 / 1000.0)
-    );
+    for (_, name, c) in cases {
+        println!("\nwhere the time goes ({name}, mean per reservation):");
+        println!("  client-observed            {:>8.3} ms", c.run.mean_ms());
+        println!(
+            "  stockd handler             {:>8.3} ms  (stockd_reserve_seconds)",
+            c.handler_ms
+        );
+        println!(
+            "    of which EVALSHA reserve {:>8.3} ms  (stockd_lua_seconds, per call)",
+            c.lua_ms
+        );
+        println!(
+            "  gRPC/HTTP2 + scheduling    {:>8.3} ms  (client-observed minus handler)",
+            c.run.mean_ms() - c.handler_ms
+        );
+        println!(
+            "  reservations per call      {:>8.2}     (stockd_reserve_batch_size)",
+            c.batch_mean
+        );
+        println!(
+            "  CPU per 1k reservations: stockd {:.3} s, redis {:.3} s (anchor: redis {:.3} s)",
+            per_1k(c.cpu_stockd, c.run.calls),
+            per_1k(c.cpu_redis, c.run.calls),
+            per_1k(cpu_redis_anchor, anchor.calls)
+        );
+    }
     println!("\nresults: {dir}/stockd.tsv");
     println!("reproduce: deploy/bench/stockd.sh");
 }
