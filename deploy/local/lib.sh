@@ -112,6 +112,31 @@ port_holder() {
         | sed 's/users:(("\([^"]*\)",pid=\([0-9]*\)/\1(\2)/'; } || true
 }
 
+# port_sockets PORT: the sockets other than listeners and TIME-WAIT whose local end is
+# 127.0.0.1:PORT (or any address), one "STATE peer process" per line: a client connection that
+# was handed PORT as its ephemeral port before the port was reserved blocks a listener's bind
+# until it closes. Empty when none (or without ss).
+port_sockets() {
+    command -v ss >/dev/null 2>&1 || return 0
+    { ss -Htanp "sport = :$1" 2>/dev/null | awk '$1 != "LISTEN" && $1 != "TIME-WAIT" { print $1, $5, $6 }'; } || true
+}
+
+# wait_port_free PORT SECONDS: waits until no socket but TIME-WAIT ones holds PORT (those do
+# not stop a listener's bind); fails naming them when SECONDS pass first.
+wait_port_free() {
+    local p=$1 left=$2 held
+    while :; do
+        held=$(port_sockets "$p")
+        [ -z "$held" ] && return 0
+        if [ "$left" -le 0 ]; then
+            echo "127.0.0.1:$p is still held by: $held" >&2
+            return 1
+        fi
+        [ "$left" = "$2" ] && log "waiting for sockets on 127.0.0.1:$p to close: $held"
+        sleep 1; left=$((left - 1))
+    done
+}
+
 # reserve_ports PORT...: keeps the kernel from handing these ports out as the local end of
 # outgoing connections (net.ipv4.ip_local_reserved_ports), so a stray client socket cannot hold
 # a port a daemon is about to listen on: 50051-50052 lie inside Linux's ephemeral range. Needs

@@ -8,6 +8,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ensure_rust
+# The suite opens thousands of connections; keep the local stack's fixed ports out of the
+# ephemeral range first, so none of them is left holding a port a daemon of the stack (the demo
+# after the suite in CI, or the developer's stack) is about to listen on. The suite itself uses
+# free ports only.
+reserve_ports "${DAEMON_PORTS[@]}" "${REDIS_PORTS[@]}"
 ensure_pkg cc gcc
 ensure_pkg redis-server redis-server
 ensure_pkg redis-cli redis-tools

@@ -66,6 +66,9 @@ daemon_up() { # name health-url ports [flags...]
     for p in $ports; do
         holder=$(port_holder "$p")
         [ -z "$holder" ] || die "$name cannot start: 127.0.0.1:$p is taken by $holder, which this stack did not start (a stack from another checkout? stop it with its own down.sh)"
+        # A connection that got $p as its ephemeral port before the reservation above
+        # (FIN-WAIT or CLOSE-WAIT after a test run) blocks the bind until it closes.
+        wait_port_free "$p" 90 || die "$name cannot start: 127.0.0.1:$p is held by a connection that does not close"
     done
     start_bg "$name" "$BIN/$name" -c "$ROOT/deploy/local/$name.toml" "$@"
     wait_for "$name" 60 curl -fsS "$url" || { tail -n 20 "$STATE/logs/$name.log" >&2; die "$name did not become healthy"; }
