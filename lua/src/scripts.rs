@@ -89,14 +89,15 @@ impl ReserveCall {
         }
     }
 
-    /// Adds one reservation of `item` for `user` under `request`.
-    pub fn push(&mut self, item: ItemId, user: &str, request: &str) {
+    /// Adds one reservation of `item` for `user` under `request` (owned strings are
+    /// moved in, not copied).
+    pub fn push(&mut self, item: ItemId, user: impl Into<String>, request: impl Into<String>) {
         self.keys.extend([
             crate::keys::stock(self.activity, self.shard, item),
             crate::keys::buyers(self.activity, self.shard, item),
         ]);
         self.args
-            .extend([item.to_string(), user.to_string(), request.to_string()]);
+            .extend([item.to_string(), user.into(), request.into()]);
     }
 
     /// Reservations in the call.

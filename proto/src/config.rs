@@ -55,8 +55,8 @@ pub fn ensure_range<T: PartialOrd + std::fmt::Display>(
     range: std::ops::RangeInclusive<T>,
     field: &str,
 ) -> Result<(), FieldError> {
-    let problem = || format!("must be {}..={}", range.start(), range.end());
-    ensure(range.contains(&value), field, problem())
+    let problem = format!("must be {}..={}", range.start(), range.end());
+    ensure(range.contains(&value), field, problem)
 }
 
 /// Fails with `field` unless `value` is `host:port` (a non-empty host and a port number).

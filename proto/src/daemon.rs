@@ -81,11 +81,9 @@ where
     crate::telemetry::init(endpoints(&config).json_logs);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    match endpoints(&config).worker_threads {
-        0 => {}
-        n => {
-            builder.worker_threads(n);
-        }
+    let threads = endpoints(&config).worker_threads;
+    if threads > 0 {
+        builder.worker_threads(threads);
     }
     let rt = match builder.build() {
         Ok(rt) => rt,

@@ -152,29 +152,33 @@ impl App {
         let hw = entry.high_water(shard);
         let mut call =
             ReserveCall::new(entry.id(), shard, now_ms(), &hw.epoch, hw.seq, batch.len());
-        for p in &batch {
-            call.push(p.item, &p.user, &p.request);
-        }
         self.metrics.reserve_batch.observe(batch.len() as f64);
+        let answers: Vec<_> = batch
+            .into_iter()
+            .map(|p| {
+                call.push(p.item, p.user, p.request);
+                p.answer
+            })
+            .collect();
         let answer = self
             .redis
             .eval(&scripts::RESERVE, call.keys, call.args)
             .await
             .and_then(array);
         let parts = match answer {
-            Ok(parts) if parts.len() == 3 * batch.len() => parts,
+            Ok(parts) if parts.len() == 3 * answers.len() => parts,
             Ok(parts) => {
                 let e = Error::Internal(format!(
                     "reserve answered {} fields for {} reservations",
                     parts.len(),
-                    batch.len()
+                    answers.len()
                 ));
-                return answer_all(batch, &e);
+                return answer_all(answers, &e);
             }
-            Err(e) => return answer_all(batch, &e),
+            Err(e) => return answer_all(answers, &e),
         };
-        for (p, f) in batch.into_iter().zip(parts.chunks_exact(3)) {
-            let _ = p.answer.send(parse(entry, shard, &hw, f));
+        for (answer, f) in answers.into_iter().zip(parts.chunks_exact(3)) {
+            let _ = answer.send(parse(entry, shard, &hw, f));
         }
     }
 }
@@ -205,8 +209,8 @@ fn parse(
 }
 
 /// Gives every reservation of a failed call the same error.
-fn answer_all(batch: Vec<Pending>, e: &Error) {
-    for p in batch {
-        let _ = p.answer.send(Err(e.replicate()));
+fn answer_all(answers: Vec<oneshot::Sender<Result<Script>>>, e: &Error) {
+    for answer in answers {
+        let _ = answer.send(Err(e.replicate()));
     }
 }

@@ -85,12 +85,12 @@ impl ActivityEntry {
     pub fn shards(&self) -> u32 {
         activity_shards(&self.activity)
     }
-    /// Shard `i`'s high-water mark (default when none seen yet).
     /// Shard `shard`'s reservation queue.
     pub fn queue(&self, shard: u32) -> Option<&ShardQueue> {
         self.queues.get(shard as usize)
     }
 
+    /// Shard `i`'s high-water mark (default when none seen yet).
     pub fn high_water(&self, shard: u32) -> HighWater {
         self.high_water
             .get(shard as usize)

@@ -297,11 +297,7 @@ impl Validate for Config {
         ensure_range(s.rebalance_attempts, 1..=1024, "stock.rebalance_attempts")?;
         ensure_range(s.fence_check_ms, 50..=600_000, "stock.fence_check_ms")?;
         ensure_range(s.reserve_batch_max, 1..=1024, "stock.reserve_batch_max")?;
-        ensure(
-            (50..=600_000).contains(&s.schedule_poll_ms),
-            "stock.schedule_poll_ms",
-            "must be 50..=600000",
-        )
+        ensure_range(s.schedule_poll_ms, 50..=600_000, "stock.schedule_poll_ms")
     }
 }
 

@@ -10,7 +10,7 @@ use fred::prelude::*;
 use seckill_lua::scripts::{self, ReserveCall};
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
-use seckill_tests::stockd::{create_published_activity, spawn_stockd, StockClient};
+use seckill_tests::stockd::{create_published_activity, shard_stock, spawn_stockd, StockClient};
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -42,20 +42,6 @@ async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutco
     .unwrap()
     .into_inner()
     .outcome()
-}
-
-async fn shard_stock(redis: &Client, a: u64, s: u64, shards: u32) -> Vec<i64> {
-    let mut out = Vec::new();
-    for i in 0..shards {
-        out.push(
-            redis
-                .get::<Option<i64>, _>(keys::stock(a, i, s))
-                .await
-                .unwrap()
-                .unwrap_or(0),
-        );
-    }
-    out
 }
 
 async fn stream_len(redis: &Client, a: u64, shards: u32) -> i64 {
