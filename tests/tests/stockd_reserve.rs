@@ -3,7 +3,7 @@
 //! no oversell, one unit per user, every unit sells, retries and releases are
 //! idempotent.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -363,6 +363,60 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     assert_eq!(shard_stock(&redis, a, t, 1).await, [4]);
     assert_eq!(stream_len(&redis, a, 1).await, 4);
     let seq: u64 = redis.get(keys::seq(a, 0)).await.unwrap();
+    assert_eq!(seq, 4, "one sequence number per reservation made");
+
+    // What the call wrote is what four separate calls would have written: one buyer
+    // record per user and item, and one stream entry per reservation, in order.
+    let buyers: HashMap<String, String> = redis.hgetall(keys::buyers(a, 0, s)).await.unwrap();
+    assert_eq!(
+        buyers,
+        HashMap::from([
+            ("alice".to_string(), format!("{}|r1", got[0].1)),
+            ("bob".to_string(), format!("{}|r3", got[3].1)),
+            ("carol".to_string(), format!("{}|r5", got[5].1)),
+        ])
+    );
+    let entries: Vec<(String, HashMap<String, String>)> = redis
+        .xrange_values(keys::orders_stream(a, 0), "-", "+", None)
+        .await
+        .unwrap();
+    let made: Vec<(&str, &str, String, &str)> = [
+        (0, "alice", s, "r1"),
+        (3, "bob", s, "r3"),
+        (4, "alice", t, "r4"),
+        (5, "carol", s, "r5"),
+    ]
+    .iter()
+    .map(|&(i, user, item, req)| (got[i].1.as_str(), user, item.to_string(), req))
+    .collect();
+    assert_eq!(entries.len(), made.len());
+    for ((_, fields), (rid, user, item, req)) in entries.iter().zip(&made) {
+        let want = HashMap::from([
+            ("rid".to_string(), rid.to_string()),
+            ("uid".to_string(), user.to_string()),
+            ("a".to_string(), a.to_string()),
+            ("s".to_string(), item.clone()),
+            ("req".to_string(), req.to_string()),
+            ("ts".to_string(), now.to_string()),
+        ]);
+        assert_eq!(fields, &want);
+    }
+
+    // A later call sees them: the retry gets its reservation, the sequence goes on, and
+    // an item whose stock key is gone answers LOST for its reservation alone.
+    let _: i64 = redis.del(keys::stock(a, 0, s)).await.unwrap();
+    let mut call = ReserveCall::new(a, 0, now, &epoch, seq, 3);
+    call.push(s, "alice", "r1");
+    call.push(s, "erin", "r9");
+    call.push(t, "erin", "r10");
+    let got2 = reserve_call(&redis, call).await;
+    assert_eq!(got2[0], ("RETRY".into(), got[0].1.clone(), 0));
+    assert_eq!(got2[1], ("LOST".into(), String::new(), -1));
+    assert_eq!(got2[2].0, "RESERVED");
+    assert_eq!(got2[2].2, 3);
+    let id: seckill_lua::ReservationId = got2[2].1.parse().unwrap();
+    assert_eq!(id.seq, seq + 1);
+    let seq = seq + 1;
 
     // A high-water mark above the shard's sequence: BEHIND for all, nothing written.
     let mut call = ReserveCall::new(a, 0, now, &epoch, seq + 5, 2);
@@ -383,6 +437,6 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     call.push(t, "frank", "r8");
     let got = reserve_call(&redis, call).await;
     assert!(got.iter().all(|g| g.0 == "LOST"), "{got:?}");
-    assert_eq!(shard_stock(&redis, a, t, 1).await, [4]);
-    assert_eq!(stream_len(&redis, a, 1).await, 4);
+    assert_eq!(shard_stock(&redis, a, t, 1).await, [3]);
+    assert_eq!(stream_len(&redis, a, 1).await, 5);
 }
