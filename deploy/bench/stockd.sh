@@ -5,7 +5,10 @@
 # ${RESULTS_DIR:-results}/stockd.tsv (case, ours, anchor, ratio, unit).
 #
 # Knobs: BENCH_SECS (per case, default 8), BENCH_CONCURRENCY (default 64),
-# SECKILL_TEST_MYSQL_URL (reuse a MariaDB server instead of starting one).
+# BENCH_CONNS (HTTP/2 connections of the gRPC client, default 4),
+# SECKILL_TEST_MYSQL_URL (reuse a MariaDB server instead of starting one), and for A/B
+# runs BENCH_STOCKD_GRPC / BENCH_STOCKD_STOCK: TOML lines added to stockd's [grpc] /
+# [stock] sections, e.g. BENCH_STOCKD_GRPC="worker_threads = 1" (default: none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RESULTS_DIR="$(realpath -m "${RESULTS_DIR:-results}")"

@@ -14,7 +14,10 @@
 //! Run: `deploy/bench/stockd.sh` (or `cargo build --release -p stockd --bins && cargo
 //! test --release -p seckill-tests --no-default-features --features stockd --test
 //! stockd_bench -- --ignored --nocapture`). Writes `${RESULTS_DIR:-results}/stockd.tsv`.
-//! Knobs: `BENCH_SECS` (per case, default 8), `BENCH_CONCURRENCY` (default 64).
+//! Knobs: `BENCH_SECS` (per case, default 8), `BENCH_CONCURRENCY` (default 64),
+//! `BENCH_CONNS` (HTTP/2 connections of the gRPC client, default 4), and for A/B runs
+//! `BENCH_STOCKD_GRPC` / `BENCH_STOCKD_STOCK`: TOML lines added to stockd's `[grpc]` /
+//! `[stock]` sections (default: none, the shipped defaults).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,7 +28,7 @@ use seckill_lua::home_shard;
 use seckill_lua::scripts::{self, ReserveCall};
 use seckill_proto::pb;
 use seckill_tests::stockd::{
-    create_published_activity_with, spawn_stockd_process, spawn_stockd_process_with, StockdProcess,
+    create_published_activity_with, spawn_stockd_process_with, StockdProcess,
 };
 use seckill_tests::{RedisCluster, TestDb};
 
@@ -245,7 +248,11 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
 
     // --- anchor: reserve.lua by EVALSHA, one reservation per call, same cluster,
     // same shape of keys.
-    let p = spawn_stockd_process(&cluster, &db).await;
+    // A/B knobs: extra `[grpc]` / `[stock]` TOML lines for both stockd processes
+    // (empty = the shipped defaults), e.g. BENCH_STOCKD_GRPC="worker_threads = 1".
+    let extra_grpc = std::env::var("BENCH_STOCKD_GRPC").unwrap_or_default();
+    let extra_stock = std::env::var("BENCH_STOCKD_STOCK").unwrap_or_default();
+    let p = spawn_stockd_process_with(&cluster, &db, &extra_grpc, &extra_stock).await;
     let theirs = create_published_activity_with(
         &mut p.admin_client().await,
         &[(50_000_000, 100)],
@@ -294,8 +301,8 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     let p = spawn_stockd_process_with(
         &cluster,
         &db,
-        "",
-        "recompute_at_start = false\nreserve_batch_max = 1",
+        &extra_grpc,
+        &format!("{extra_stock}\nrecompute_at_start = false\nreserve_batch_max = 1"),
     )
     .await;
     let single = grpc_case(&p, &cluster, conc, secs, "s").await;
@@ -352,7 +359,11 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     println!(
         "_unbatched: the same with stock.reserve_batch_max = 1 (one reserve call per reservation)"
     );
-    println!("anchor = EVALSHA reserve.lua via fred, one reservation per call\n");
+    println!("anchor = EVALSHA reserve.lua via fred, one reservation per call");
+    if !(extra_grpc.is_empty() && extra_stock.is_empty()) {
+        println!("stockd config changed from the defaults: [grpc] {extra_grpc:?} [stock] {extra_stock:?}");
+    }
+    println!();
     println!(
         "{:<32} {:>14} {:>14} {:>8}  unit",
         "case", "ours", "anchor", "ratio"
