@@ -192,7 +192,7 @@ fn parse(
 ) -> Result<Script> {
     let rid = text(&f[1]);
     let left = int(&f[2])?;
-    Ok(match text(&f[0]).as_str() {
+    Ok(match f[0].as_str().as_deref().unwrap_or_default() {
         reserve_outcome::RESERVED => {
             if let Ok(id) = rid.parse::<ReservationId>() {
                 entry.saw(shard, &id.epoch, id.seq);

@@ -1,9 +1,47 @@
 //! Prometheus metrics of stockd, registered in a [`Metrics`] value that is passed in
 //! (no global registry) and served on the admin port.
 
+use std::sync::Arc;
+
+use prometheus::core::{MetricVec, MetricVecBuilder};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
+
+/// Labels of `stockd_reservations_total` (what `Reserve::label` and the error path
+/// give).
+pub const RESERVE_OUTCOMES: [&str; 9] = [
+    "reserved",
+    "retry",
+    "duplicate",
+    "sold_out",
+    "not_started",
+    "ended",
+    "not_found",
+    "unavailable",
+    "invalid",
+];
+
+/// The children of a labelled metric for a known set of labels, resolved once:
+/// counting on the hot path then skips `with_label_values` (hashing the labels, the
+/// vector's lock, and an `Arc` clone and drop shared by every thread).
+#[derive(Clone)]
+pub struct Children<M>(Arc<[(&'static str, M)]>);
+
+impl<M: Clone> Children<M> {
+    fn resolve<T: MetricVecBuilder<M = M>>(vec: &MetricVec<T>, labels: &[&'static str]) -> Self {
+        Self(
+            labels
+                .iter()
+                .map(|&l| (l, vec.with_label_values(&[l])))
+                .collect(),
+        )
+    }
+
+    fn get(&self, label: &str) -> Option<&M> {
+        self.0.iter().find(|(l, _)| *l == label).map(|(_, m)| m)
+    }
+}
 
 /// Every stockd metric and the registry holding them.
 #[derive(Clone)]
@@ -36,6 +74,8 @@ pub struct Metrics {
     pub lost_reservations: IntCounter,
     /// `stockd_rebalance_moves_total`: units moved between shards.
     pub rebalance_units: IntCounter,
+    reservations_by: Children<IntCounter>,
+    lua_seconds_by: Children<Histogram>,
 }
 
 impl Metrics {
@@ -130,6 +170,11 @@ impl Metrics {
         }
         Self {
             registry,
+            reservations_by: Children::resolve(&reservations, &RESERVE_OUTCOMES),
+            lua_seconds_by: Children::resolve(
+                &lua_seconds,
+                &seckill_lua::scripts::ALL.map(|s| s.name),
+            ),
             reservations,
             releases,
             lua_seconds,
@@ -145,8 +190,79 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Counts one Reserve answer (`outcome`: one of [`RESERVE_OUTCOMES`]).
+    pub fn count_reservation(&self, outcome: &str) {
+        match self.reservations_by.get(outcome) {
+            Some(c) => c.inc(),
+            None => self.reservations.with_label_values(&[outcome]).inc(),
+        }
+    }
+
+    /// Observes one Lua call of `script`, in seconds.
+    pub fn observe_lua(&self, script: &str, secs: f64) {
+        match self.lua_seconds_by.get(script) {
+            Some(h) => h.observe(secs),
+            None => self.lua_seconds.with_label_values(&[script]).observe(secs),
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stock::Reserve;
+
+    #[test]
+    fn every_reserve_outcome_has_a_resolved_counter() {
+        let m = Metrics::new();
+        let answers = [
+            Reserve::Reserved {
+                reservation_id: String::new(),
+                remaining_hint: 0,
+                retry: false,
+            },
+            Reserve::Reserved {
+                reservation_id: String::new(),
+                remaining_hint: 0,
+                retry: true,
+            },
+            Reserve::Duplicate {
+                reservation_id: String::new(),
+                remaining_hint: 0,
+            },
+            Reserve::SoldOut,
+            Reserve::NotStarted,
+            Reserve::Ended,
+            Reserve::NotFound,
+        ];
+        for label in answers
+            .iter()
+            .map(Reserve::label)
+            .chain(["unavailable", "invalid"])
+        {
+            assert!(m.reservations_by.get(label).is_some(), "{label}");
+            m.count_reservation(label);
+            assert_eq!(
+                m.reservations.with_label_values(&[label]).get(),
+                1,
+                "{label}"
+            );
+        }
+        for s in seckill_lua::scripts::ALL {
+            m.observe_lua(s.name, 0.001);
+            assert_eq!(
+                m.lua_seconds
+                    .with_label_values(&[s.name])
+                    .get_sample_count(),
+                1
+            );
+        }
     }
 }

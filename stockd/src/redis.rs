@@ -171,9 +171,7 @@ impl Redis {
             }
         };
         self.metrics
-            .lua_seconds
-            .with_label_values(&[script.name])
-            .observe(started.elapsed().as_secs_f64());
+            .observe_lua(script.name, started.elapsed().as_secs_f64());
         out
     }
 

@@ -97,7 +97,7 @@ impl App {
             Err(Error::InvalidArgument { .. }) => "invalid",
             Err(_) => "unavailable",
         };
-        self.metrics.reservations.with_label_values(&[label]).inc();
+        self.metrics.count_reservation(label);
         out
     }
 
