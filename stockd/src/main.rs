@@ -18,7 +18,7 @@ fn main() -> ExitCode {
             admin: c.admin.listen.as_deref(),
             mysql_url: &c.mysql.url,
             json_logs: c.log.json,
-            worker_threads: c.grpc.worker_threads,
+            worker_threads: c.grpc.runtime_threads(),
         },
         stockd::run,
     )
