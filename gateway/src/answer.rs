@@ -150,7 +150,7 @@ impl Refusal {
         )
     }
 
-    fn status(&self) -> u16 {
+    pub fn status(&self) -> u16 {
         match self {
             Self::Banned | Self::BadPurchaseToken(_) | Self::Forbidden => 403,
             Self::RateLimited(_) | Self::Busy => 429,
@@ -227,10 +227,12 @@ impl Refusal {
     }
 }
 
-/// A response ready to clone: header and body.
+/// A response ready to clone: header and body, and for the fast lane its status line
+/// and headers as pingora puts them on the wire.
 pub struct Canned {
     header: ResponseHeader,
     body: Bytes,
+    wire_head: Vec<u8>,
 }
 
 impl Canned {
@@ -243,7 +245,28 @@ impl Canned {
         for (k, v) in extra {
             h.insert_header(*k, v.as_str()).expect("static header");
         }
-        Self { header: h, body }
+        let mut wire_head = format!(
+            "HTTP/1.1 {} {}\r\n",
+            h.status.as_u16(),
+            h.status.canonical_reason().unwrap_or("")
+        )
+        .into_bytes();
+        h.header_to_h1_wire(&mut wire_head);
+        Self {
+            header: h,
+            body,
+            wire_head,
+        }
+    }
+
+    /// The whole HTTP/1.1 answer on a kept-alive connection, as pingora writes it: the
+    /// headers, then `Date` and `Connection: keep-alive`, then the body.
+    fn wire(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.wire_head);
+        out.extend_from_slice(b"Date: ");
+        out.extend_from_slice(pingora::protocols::http::date::get_cached_date().as_bytes());
+        out.extend_from_slice(b"\r\nConnection: keep-alive\r\n\r\n");
+        out.extend_from_slice(&self.body);
     }
 
     fn refusal(r: &Refusal) -> Self {
@@ -308,16 +331,34 @@ impl Prebuilt {
         self.openapi.send(session).await
     }
 
+    /// The canned answer of a hot refusal.
+    fn canned(&self, r: &Refusal) -> Option<&Canned> {
+        match r {
+            Refusal::Banned => Some(&self.banned),
+            Refusal::SoldOut => Some(&self.sold_out),
+            Refusal::Busy => Some(&self.busy),
+            Refusal::RateLimited(s) if (1..=8).contains(s) => Some(&self.limited[*s as usize - 1]),
+            _ => None,
+        }
+    }
+
     /// Writes a refusal: canned when hot, built otherwise.
     pub async fn refuse(&self, session: &mut Session, r: &Refusal) -> Result<()> {
-        match r {
-            Refusal::Banned => self.banned.send(session).await,
-            Refusal::SoldOut => self.sold_out.send(session).await,
-            Refusal::Busy => self.busy.send(session).await,
-            Refusal::RateLimited(s) if (1..=8).contains(s) => {
-                self.limited[*s as usize - 1].send(session).await
+        match self.canned(r) {
+            Some(c) => c.send(session).await,
+            None => Canned::refusal(r).send(session).await,
+        }
+    }
+
+    /// Appends the wire form of a hot refusal to `out` (the fast lane); false when `r`
+    /// has no canned answer.
+    pub fn wire(&self, r: &Refusal, out: &mut Vec<u8>) -> bool {
+        match self.canned(r) {
+            Some(c) => {
+                c.wire(out);
+                true
             }
-            other => Canned::refusal(other).send(session).await,
+            None => false,
         }
     }
 }

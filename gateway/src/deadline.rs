@@ -20,7 +20,10 @@
 //! HTTP/1.1; [`Guarded`] does that peek itself under the deadline, so a client that
 //! sends fewer bytes and stops is cut too.
 
+use crate::fast_lane::{self, Lane};
+use crate::proxy::Shared;
 use async_trait::async_trait;
+use bytes::BytesMut;
 use pingora::apps::ServerApp;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::{
@@ -49,6 +52,8 @@ pub struct DeadlineStream {
     http2: bool,
     /// Set by the first write on an HTTP/2 connection: no deadline any more.
     disarmed: bool,
+    /// Bytes the fast lane read and handed over: read (and peeked) before the socket.
+    replay: BytesMut,
 }
 
 impl DeadlineStream {
@@ -60,7 +65,13 @@ impl DeadlineStream {
             timer: None,
             http2: false,
             disarmed: false,
+            replay: BytesMut::new(),
         }
+    }
+
+    /// Puts `bytes` back in front of what the socket will give (the fast lane's hand-over).
+    pub fn replay(&mut self, bytes: BytesMut) {
+        self.replay = bytes;
     }
 
     /// This connection speaks HTTP/2: the deadline runs until the gateway's first write.
@@ -93,6 +104,11 @@ impl AsyncRead for DeadlineStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if !this.replay.is_empty() {
+            let n = this.replay.len().min(buf.remaining());
+            buf.put_slice(&this.replay.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -214,6 +230,14 @@ impl GetSocketDigest for DeadlineStream {
 impl Peek for DeadlineStream {
     /// The peek (pingora's h2c preface check) reads from the socket too: under the deadline.
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        if !self.replay.is_empty() {
+            // A request the fast lane parsed as HTTP/1.1: whatever the peek compares it
+            // with, these are its first bytes.
+            let n = self.replay.len().min(buf.len());
+            buf[..n].copy_from_slice(&self.replay[..n]);
+            buf[n..].fill(0);
+            return Ok(true);
+        }
         match self.started {
             Some(started) if !self.disarmed => {
                 tokio::time::timeout_at(started + self.limit, self.inner.try_peek(buf))
@@ -225,21 +249,30 @@ impl Peek for DeadlineStream {
     }
 }
 
-/// Wraps an app so that each connection gets a [`DeadlineStream`].
+/// Wraps an app so that each connection gets a [`DeadlineStream`], and plain HTTP/1.1
+/// connections go through the fast lane first.
 pub struct Guarded<A> {
     inner: Arc<A>,
     /// `protection.request_read_ms`, reloadable.
     limit_ms: Arc<AtomicU64>,
     /// `server.h2c`: plain connections may open with the HTTP/2 preface.
     h2c: bool,
+    /// `server.fast_lane`: what the fast lane reads and answers from.
+    fast_lane: Option<Arc<Shared>>,
 }
 
 impl<A> Guarded<A> {
-    pub fn new(inner: A, limit_ms: Arc<AtomicU64>, h2c: bool) -> Self {
+    pub fn new(
+        inner: A,
+        limit_ms: Arc<AtomicU64>,
+        h2c: bool,
+        fast_lane: Option<Arc<Shared>>,
+    ) -> Self {
         Self {
             inner: Arc::new(inner),
             limit_ms,
             h2c,
+            fast_lane,
         }
     }
 }
@@ -271,6 +304,14 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
         };
         if http2 {
             stream.set_http2();
+        } else if let (Some(shared), None) = (&self.fast_lane, stream.get_ssl_digest()) {
+            let peer = stream
+                .get_socket_digest()
+                .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+            match fast_lane::serve(shared, &mut stream, peer, shutdown).await {
+                Lane::Closed => return None,
+                Lane::HandOver(bytes) => stream.replay(bytes),
+            }
         }
         self.inner.process_new(Box::new(stream), shutdown).await
     }

@@ -9,6 +9,7 @@
 //! - [`proxy`]: pingora's `ProxyHttp`: runs the filters, then the route's handler.
 //! - [`answer`]: the refusals with their stable codes, canned where hot.
 //! - [`deadline`]: the total read deadline per request (slow clients).
+//! - [`fast_lane`]: the hot refusals of plain HTTP/1.1 written before pingora's session.
 //! - [`redis`]: background feeds (activities, stock, sold-out, bans, health).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`. [`metrics`]: the registry.
 //! - [`config`]: the TOML file. [`run`]: builds the pingora server and runs it.
@@ -20,6 +21,7 @@ pub mod answer;
 pub mod auth;
 pub mod config;
 pub mod deadline;
+pub mod fast_lane;
 pub mod forward;
 pub mod ip_ban;
 pub mod metrics;
@@ -98,7 +100,12 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     http.server_options = Some(options);
     let mut svc = Service::new(
         "seckill gateway".to_string(),
-        deadline::Guarded::new(http, read_ms.clone(), config.server.h2c),
+        deadline::Guarded::new(
+            http,
+            read_ms.clone(),
+            config.server.h2c,
+            config.server.fast_lane.then(|| shared.clone()),
+        ),
     );
     svc.set_connection_filter(Arc::new(ip_ban::ConnectionBan(shared.clone())));
     for addr in &config.server.listen {

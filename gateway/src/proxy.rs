@@ -106,13 +106,64 @@ impl Shared {
             .clone()
     }
 
+    /// Counts a refusal toward `ip`'s auto-ban when it is one of the abusive kinds.
+    pub fn strike(&self, ip: IpAddr, r: &Refusal) {
+        if !r.is_abuse() {
+            return;
+        }
+        let b = &self.policy().bans;
+        if self.bans.strike(
+            ip,
+            b.auto_ban_threshold,
+            b.auto_ban_window_secs,
+            b.auto_ban_ttl_secs,
+            self.now_ms(),
+            unix_ms(),
+        ) {
+            tracing::warn!(%ip, "auto-banned");
+        }
+    }
+
+    /// Records one answered request: the decision metrics and, when
+    /// `server.access_log` is on, the access log line.
+    pub fn answered(&self, a: Answered<'_>) {
+        self.metrics
+            .decision(a.route, a.outcome, a.elapsed.as_secs_f64());
+        if self.cfg.server.access_log {
+            tracing::info!(
+                target: "access",
+                method = a.method,
+                path = a.path,
+                status = a.status,
+                outcome = a.outcome.label(),
+                client = %a.client,
+                user = a.user,
+                micros = a.elapsed.as_micros() as u64,
+                error = a.error,
+            );
+        }
+    }
+
     /// Swaps in a reloaded policy; requests in flight keep the one they started with.
     pub fn set_policy(&self, p: config::Policy) {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Compiled::new(p));
     }
 }
 
-fn unix_ms() -> u64 {
+/// What [`Shared::answered`] records of one request.
+pub struct Answered<'a> {
+    pub route: RouteClass,
+    pub outcome: Outcome,
+    pub elapsed: std::time::Duration,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub client: IpAddr,
+    pub user: &'a str,
+    pub error: &'a str,
+}
+
+pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -220,19 +271,7 @@ impl Gateway {
 
     async fn refuse(&self, session: &mut Session, ctx: &mut Ctx, r: Refusal) -> Result<bool> {
         ctx.outcome = r.outcome();
-        if r.is_abuse() {
-            let b = &self.shared.policy().bans;
-            if self.shared.bans.strike(
-                ctx.client_ip,
-                b.auto_ban_threshold,
-                b.auto_ban_window_secs,
-                b.auto_ban_ttl_secs,
-                self.shared.now_ms(),
-                unix_ms(),
-            ) {
-                tracing::warn!(ip = %ctx.client_ip, "auto-banned");
-            }
-        }
+        self.shared.strike(ctx.client_ip, &r);
         if matches!(r, Refusal::PayloadTooLarge | Refusal::HeadersTooLarge) {
             session.set_keepalive(None);
         }
@@ -778,24 +817,19 @@ impl ProxyHttp for Gateway {
             .response_written()
             .map(|h| h.status.as_u16())
             .unwrap_or(0);
-        let elapsed = ctx.start.elapsed();
-        self.shared
-            .metrics
-            .decision(ctx.route, ctx.outcome, elapsed.as_secs_f64());
-        if self.shared.cfg.server.access_log {
-            let req = session.req_header();
-            tracing::info!(
-                target: "access",
-                method = %req.method,
-                path = req.uri.path(),
-                status = ctx.status,
-                outcome = ctx.outcome.label(),
-                client = %ctx.client_ip,
-                user = ctx.user.as_deref().unwrap_or(""),
-                micros = elapsed.as_micros() as u64,
-                error = e.map(|e| e.to_string()).unwrap_or_default(),
-            );
-        }
+        let req = session.req_header();
+        let error = e.map(|e| e.to_string()).unwrap_or_default();
+        self.shared.answered(Answered {
+            route: ctx.route,
+            outcome: ctx.outcome,
+            elapsed: ctx.start.elapsed(),
+            method: req.method.as_str(),
+            path: req.uri.path(),
+            status: ctx.status,
+            client: ctx.client_ip,
+            user: ctx.user.as_deref().unwrap_or(""),
+            error: &error,
+        });
     }
 
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {

@@ -126,6 +126,27 @@ impl BucketMap {
         }
     }
 
+    /// What [`Self::take`] would answer now, without taking or recording anything: a
+    /// key with no bucket is full. The fast lane (`fast_lane.rs`) asks this before it
+    /// knows whether it answers the request itself.
+    pub fn peek(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
+        let now = now_ms as u32;
+        let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        let Some(st) = shard.get(&key) else {
+            return Take::Allowed;
+        };
+        let elapsed = now.wrapping_sub(st.last_ms) as f64 / 1000.0;
+        let tokens = (st.tokens as f64 + elapsed * limit.rate).min(limit.burst);
+        if tokens >= 1.0 {
+            Take::Allowed
+        } else {
+            let wait = ((1.0 - tokens) / limit.rate).ceil().max(1.0);
+            Take::Limited {
+                retry_after_secs: wait.min(u32::MAX as f64) as u32,
+            }
+        }
+    }
+
     fn make_room(shard: &mut Shard, limit: Bucket, now: u32, cap: usize) {
         let full_after_ms = (limit.burst / limit.rate * 1000.0) as u32;
         shard.retain(|_, st| now.wrapping_sub(st.last_ms) < full_after_ms);
@@ -209,6 +230,18 @@ impl RateLimiter {
         }
     }
 
+    /// What [`Self::check_ip`] would answer now, taking nothing.
+    pub fn peek_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
+        let t = self.ips.peek(ip_key(ip), limits.per_ip, now_ms);
+        if t != Take::Allowed {
+            return t;
+        }
+        match limits.routes.get(route.name()) {
+            Some(b) => self.routes.peek(route as u64, *b, now_ms),
+            None => Take::Allowed,
+        }
+    }
+
     /// The per-user bucket.
     pub fn check_user(&self, user: &str, limits: &Limits, now_ms: u64) -> Take {
         self.users.take(user_key(user), limits.per_user, now_ms)
@@ -276,6 +309,27 @@ mod tests {
             assert_eq!(m.take(1, B, 60_000), Take::Allowed);
         }
         assert!(matches!(m.take(1, B, 60_000), Take::Limited { .. }));
+    }
+
+    #[test]
+    fn a_peek_answers_what_a_take_would_and_takes_nothing() {
+        let m = BucketMap::new(10_000);
+        // No bucket yet: full, and a peek does not create one.
+        assert_eq!(m.peek(7, B, 1000), Take::Allowed);
+        assert_eq!(m.len(), 0);
+        for _ in 0..3 {
+            assert_eq!(m.peek(7, B, 1000), Take::Allowed);
+            assert_eq!(m.take(7, B, 1000), Take::Allowed);
+        }
+        let limited = m.take(7, B, 1000);
+        assert!(matches!(limited, Take::Limited { .. }));
+        for _ in 0..5 {
+            assert_eq!(m.peek(7, B, 1000), limited);
+        }
+        // Refill is seen by the peek as by the take.
+        assert_eq!(m.peek(7, B, 1500), Take::Allowed);
+        assert_eq!(m.take(7, B, 1500), Take::Allowed);
+        assert!(matches!(m.peek(7, B, 1500), Take::Limited { .. }));
     }
 
     #[test]

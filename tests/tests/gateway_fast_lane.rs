@@ -1,0 +1,290 @@
+#![cfg(all(feature = "gateway", feature = "stockd", feature = "orderd"))]
+//! The fast lane (`gateway/src/fast_lane.rs`) against the pipeline it shortcuts: the
+//! same requests to a gateway with `server.fast_lane` on and one with it off, on the
+//! same stack, must get the same bytes back (but for the `Date` value) and take the
+//! same tokens. And the framing cases: pipelined requests, a request split in bytes, a
+//! body, chunked bodies and the hand-over to pingora in the middle of a connection.
+
+use seckill_tests::gateway::{bucket, set, GatewayHandle, RawHttp, RawResponse, Stack};
+use seckill_tests::process::wait_until_async;
+use std::time::Duration;
+
+fn port(gw: &GatewayHandle) -> u16 {
+    gw.base_url().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+fn fast_lane(on: bool) -> impl FnOnce(&mut gateway::toml::Table) {
+    move |c| set(c, "server", "fast_lane", on)
+}
+
+/// Status, headers (names as sent, in order; `Date` present, its value blanked) and body.
+/// `Connection`'s value is blanked too: pingora closes after an early answer to a request
+/// whose body it did not read (`close`), where the fast lane reads the body and keeps
+/// the connection (`keep-alive`, checked by the callers).
+fn comparable(r: &RawResponse) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    assert!(r.header("date").is_some(), "no Date header: {r:?}");
+    let headers = r
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let v = if k.eq_ignore_ascii_case("date") || k.eq_ignore_ascii_case("connection") {
+                String::new()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    (r.status, headers, r.body.clone())
+}
+
+fn reserve_request(a: u64, s: u64, extra: &str, body: &str) -> String {
+    format!(
+        "POST /api/v1/activities/{a}/items/{s}/reserve HTTP/1.1\r\nHost: gw\r\n\
+         Authorization: Bearer x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+}
+
+/// An activity whose only item is sold out, as the edge sees it.
+async fn sold_out_item(s: &Stack, gw: &GatewayHandle) -> (u64, u64) {
+    let act = s.open_activity(&[(1, 100)]).await;
+    let (a, item) = (act.id, act.items[0].id);
+    gw.wait_activity(a).await;
+    let jwt = gw.dev_token("buyer").await;
+    let http = reqwest::Client::new();
+    let t: serde_json::Value = http
+        .post(format!(
+            "{}/api/v1/activities/{a}/items/{item}/token",
+            gw.base_url()
+        ))
+        .bearer_auth(&jwt)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let r = http
+        .post(format!(
+            "{}/api/v1/activities/{a}/items/{item}/reserve",
+            gw.base_url()
+        ))
+        .bearer_auth(&jwt)
+        .json(&serde_json::json!({"purchase_token": t["purchase_token"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let path = format!("{}/api/v1/activities/{a}", gw.base_url());
+    wait_until_async(
+        "the sold-out flag at the edge",
+        Duration::from_secs(10),
+        || {
+            let path = path.clone();
+            async move {
+                let v: serde_json::Value = reqwest::get(&path).await.unwrap().json().await.unwrap();
+                v["activity"]["items"][0]["sold_out"] == true
+            }
+        },
+    )
+    .await;
+    (a, item)
+}
+
+/// Sends each of `requests` on a connection of its own to both gateways and returns the
+/// answers. (A connection each: after an early answer to a request whose body it did not
+/// read, pingora may close the connection; the fast lane reads the body and keeps it.)
+async fn both(
+    fast: &GatewayHandle,
+    slow: &GatewayHandle,
+    requests: &[String],
+) -> [Vec<RawResponse>; 2] {
+    let mut out = [Vec::new(), Vec::new()];
+    for (i, gw) in [fast, slow].into_iter().enumerate() {
+        for r in requests {
+            let mut c = RawHttp::connect(port(gw)).await;
+            c.send(r.as_bytes()).await.unwrap();
+            let answer = c.response().await;
+            let answer = answer.unwrap_or_else(|| {
+                panic!(
+                    "no answer from the {} gateway to {r:?}; log:\n{}",
+                    ["fast-lane", "pipeline-only"][i],
+                    gw.log()
+                )
+            });
+            out[i].push(answer);
+        }
+    }
+    out
+}
+
+fn assert_same(fast: &[RawResponse], slow: &[RawResponse]) {
+    assert_eq!(fast.len(), slow.len());
+    for (f, s) in fast.iter().zip(slow) {
+        assert_eq!(comparable(f), comparable(s), "fast lane vs pipeline");
+        assert_eq!(f.header("connection"), Some("keep-alive"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn banned_and_sold_out_answers_are_the_pipelines_byte_for_byte() {
+    let s = Stack::start().await;
+    let fast = s.gateway(fast_lane(true)).await;
+    let slow = s.gateway(fast_lane(false)).await;
+    let (a, item) = sold_out_item(&s, &fast).await;
+    slow.wait_activity(a).await;
+    let seen = s.reservations_seen_by_stockd();
+
+    let body = r#"{"purchase_token":"t","request_id":"r1"}"#;
+    let requests = [
+        reserve_request(a, item, "", body),
+        reserve_request(a, item, "Connection: keep-alive\r\n", ""),
+        format!("GET /api/v1/activities/{a}/items/{item}/reserve?x=1 HTTP/1.1\r\nHost: gw\r\n\r\n"),
+    ];
+    let [f, sl] = both(&fast, &slow, &requests).await;
+    assert_eq!(f[0].status, 410);
+    assert_eq!(f[0].json()["error"]["code"], "sold_out");
+    assert_eq!(f[1].status, 410);
+    // A GET on the reserve route is the route's 405 in both: not a fast-lane answer.
+    assert_eq!(f[2].status, 405);
+    assert_same(&f, &sl);
+    assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
+
+    // Banned: the whole loopback range on both gateways.
+    let deny =
+        |c: &mut gateway::toml::Table| set(c, "bans", "deny", vec!["127.0.0.0/8".to_string()]);
+    let fast = s
+        .gateway(|c| {
+            fast_lane(true)(c);
+            deny(c)
+        })
+        .await;
+    let slow = s
+        .gateway(|c| {
+            fast_lane(false)(c);
+            deny(c)
+        })
+        .await;
+    let requests = [
+        "GET /api/v1/activities HTTP/1.1\r\nHost: gw\r\n\r\n".to_string(),
+        reserve_request(a, item, "", body),
+        "GET /no/such/route HTTP/1.1\r\nHost: gw\r\n\r\n".to_string(),
+    ];
+    let [f, sl] = both(&fast, &slow, &requests).await;
+    assert!(f.iter().all(|r| r.status == 403), "{f:?}");
+    assert_eq!(f[0].json()["error"]["code"], "banned");
+    assert_same(&f, &sl);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sold_out_answers_take_the_ip_buckets_tokens_as_the_pipeline_does() {
+    let s = Stack::start().await;
+    let open = s.gateway(fast_lane(true)).await;
+    // A token every 5 s, two in the bucket: two answers, then 429 (Retry-After within
+    // the canned 1..=8 s) for both gateways.
+    let limited = |on: bool| {
+        move |c: &mut gateway::toml::Table| {
+            fast_lane(on)(c);
+            set(c, "limits", "per_ip", bucket(0.2, 2.0));
+        }
+    };
+    let (a, item) = sold_out_item(&s, &open).await;
+    let fast = s.gateway(limited(true)).await;
+    let slow = s.gateway(limited(false)).await;
+    let requests: Vec<String> = (0..4).map(|_| reserve_request(a, item, "", "{}")).collect();
+    let [f, sl] = both(&fast, &slow, &requests).await;
+    let statuses: Vec<u16> = f.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [410, 410, 429, 429]);
+    assert!(f[2].header("retry-after").is_some());
+    assert_same(&f, &sl);
+
+    // The answers are counted like the pipeline's.
+    let metrics = reqwest::get(format!("{}/metrics", fast.admin_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |outcome: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("gateway_decisions_total")
+                    && l.contains("route=\"reserve\"")
+                    && l.contains(&format!("outcome=\"{outcome}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (count("sold_out"), count("rate_limited")),
+        (2, 2),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_split_and_chunked_requests_are_framed_and_handed_over_whole() {
+    let s = Stack::start().await;
+    let gw = s.gateway(fast_lane(true)).await;
+    let (a, item) = sold_out_item(&s, &gw).await;
+    let body = r#"{"purchase_token":"t"}"#;
+    let sold_out = reserve_request(a, item, "", body);
+    let show = format!("GET /api/v1/activities/{a} HTTP/1.1\r\nHost: gw\r\n\r\n");
+
+    // Three requests in one write: two refusals with bodies, then a request for pingora
+    // (the hand-over, with the bytes read so far); then pingora serves the connection.
+    let mut c = RawHttp::connect(port(&gw)).await;
+    c.send(format!("{sold_out}{sold_out}{show}").as_bytes())
+        .await
+        .unwrap();
+    let answers = [
+        c.response().await.unwrap(),
+        c.response().await.unwrap(),
+        c.response().await.unwrap(),
+    ];
+    assert_eq!(answers[0].status, 410);
+    assert_eq!(answers[1].status, 410);
+    assert_eq!(answers[2].status, 200);
+    assert_eq!(answers[2].json()["activity"]["id"], a);
+    for _ in 0..2 {
+        c.send(show.as_bytes()).await.unwrap();
+        assert_eq!(c.response().await.unwrap().status, 200);
+    }
+
+    // A request that arrives a few bytes at a time, body last, then another on the
+    // same connection.
+    let mut c = RawHttp::connect(port(&gw)).await;
+    for chunk in sold_out.as_bytes().chunks(7) {
+        c.send(chunk).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(c.response().await.unwrap().status, 410);
+    c.send(sold_out.as_bytes()).await.unwrap();
+    assert_eq!(c.response().await.unwrap().status, 410);
+
+    // A chunked body is pingora's to frame: the answer is the same.
+    let chunked = format!(
+        "POST /api/v1/activities/{a}/items/{item}/reserve HTTP/1.1\r\nHost: gw\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let mut c = RawHttp::connect(port(&gw)).await;
+    c.send(chunked.as_bytes()).await.unwrap();
+    assert_eq!(c.response().await.unwrap().status, 410);
+
+    // A body bigger than protection.max_body_bytes is pingora's too (413 or the
+    // refusal, never a desynchronised connection): here the sold-out answer comes
+    // first and the connection is not reused for the unread body.
+    let big = "x".repeat(70_000);
+    let mut c = RawHttp::connect(port(&gw)).await;
+    c.send(reserve_request(a, item, "", &big).as_bytes())
+        .await
+        .unwrap();
+    let r = c.response().await.unwrap();
+    assert!([410, 413].contains(&r.status), "{r:?}");
+}
