@@ -104,7 +104,7 @@ impl AsyncRead for DeadlineStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        if !this.replay.is_empty() {
+        if !this.replay.is_empty() && buf.remaining() > 0 {
             let n = this.replay.len().min(buf.remaining());
             buf.put_slice(&this.replay.split_to(n));
             return Poll::Ready(Ok(()));

@@ -70,6 +70,25 @@ fn seed() -> u64 {
     })
 }
 
+impl State {
+    /// The tokens at `now`: refilled at `limit.rate`, never above `limit.burst`.
+    fn refilled(&self, limit: Bucket, now: u32) -> f64 {
+        let elapsed = now.wrapping_sub(self.last_ms) as f64 / 1000.0;
+        (self.tokens as f64 + elapsed * limit.rate).min(limit.burst)
+    }
+}
+
+/// Whether a request may take one of `tokens`, and if not, when one comes back.
+fn verdict(tokens: f64, limit: Bucket) -> Take {
+    if tokens >= 1.0 {
+        return Take::Allowed;
+    }
+    let wait = ((1.0 - tokens) / limit.rate).ceil().max(1.0);
+    Take::Limited {
+        retry_after_secs: wait.min(u32::MAX as f64) as u32,
+    }
+}
+
 type Shard = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
 
 const SHARDS: usize = 64;
@@ -111,19 +130,14 @@ impl BucketMap {
             tokens: limit.burst as f32,
             last_ms: now,
         });
-        let elapsed = now.wrapping_sub(st.last_ms) as f64 / 1000.0;
-        let tokens = (st.tokens as f64 + elapsed * limit.rate).min(limit.burst);
+        let tokens = st.refilled(limit, now);
         st.last_ms = now;
-        if tokens >= 1.0 {
-            st.tokens = (tokens - 1.0) as f32;
-            Take::Allowed
-        } else {
-            st.tokens = tokens as f32;
-            let wait = ((1.0 - tokens) / limit.rate).ceil().max(1.0);
-            Take::Limited {
-                retry_after_secs: wait.min(u32::MAX as f64) as u32,
-            }
-        }
+        let verdict = verdict(tokens, limit);
+        st.tokens = match verdict {
+            Take::Allowed => tokens - 1.0,
+            Take::Limited { .. } => tokens,
+        } as f32;
+        verdict
     }
 
     /// What [`Self::take`] would answer now, without taking or recording anything: a
@@ -132,18 +146,9 @@ impl BucketMap {
     pub fn peek(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
         let now = now_ms as u32;
         let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        let Some(st) = shard.get(&key) else {
-            return Take::Allowed;
-        };
-        let elapsed = now.wrapping_sub(st.last_ms) as f64 / 1000.0;
-        let tokens = (st.tokens as f64 + elapsed * limit.rate).min(limit.burst);
-        if tokens >= 1.0 {
-            Take::Allowed
-        } else {
-            let wait = ((1.0 - tokens) / limit.rate).ceil().max(1.0);
-            Take::Limited {
-                retry_after_secs: wait.min(u32::MAX as f64) as u32,
-            }
+        match shard.get(&key) {
+            Some(st) => verdict(st.refilled(limit, now), limit),
+            None => Take::Allowed,
         }
     }
 
@@ -220,24 +225,27 @@ impl RateLimiter {
 
     /// The per-IP bucket, then the route's shared bucket when the route has one.
     pub fn check_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
-        let t = self.ips.take(ip_key(ip), limits.per_ip, now_ms);
-        if t != Take::Allowed {
-            return t;
-        }
-        match limits.routes.get(route.name()) {
-            Some(b) => self.routes.take(route as u64, *b, now_ms),
-            None => Take::Allowed,
-        }
+        self.ip_then_route(ip, route, limits, |m, k, b| m.take(k, b, now_ms))
     }
 
     /// What [`Self::check_ip`] would answer now, taking nothing.
     pub fn peek_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
-        let t = self.ips.peek(ip_key(ip), limits.per_ip, now_ms);
+        self.ip_then_route(ip, route, limits, |m, k, b| m.peek(k, b, now_ms))
+    }
+
+    fn ip_then_route(
+        &self,
+        ip: IpAddr,
+        route: RouteClass,
+        limits: &Limits,
+        bucket: impl Fn(&BucketMap, u64, Bucket) -> Take,
+    ) -> Take {
+        let t = bucket(&self.ips, ip_key(ip), limits.per_ip);
         if t != Take::Allowed {
             return t;
         }
         match limits.routes.get(route.name()) {
-            Some(b) => self.routes.peek(route as u64, *b, now_ms),
+            Some(b) => bucket(&self.routes, route as u64, *b),
             None => Take::Allowed,
         }
     }
