@@ -7,7 +7,7 @@
 //! on a free port for the whole run), otherwise inside a [`MariaDb`] of its own.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -161,6 +161,12 @@ impl TestDb {
         Self::create_in(server.server_url(), Some(server)).await
     }
 
+    /// A database in a server someone else owns (the suite's, as with
+    /// `SECKILL_TEST_MYSQL_URL`): dropped from that server when the handle goes.
+    pub async fn create_on(server_url: &str) -> Self {
+        Self::create_in(server_url.to_string(), None).await
+    }
+
     async fn create_in(server_url: String, own_server: Option<MariaDb>) -> Self {
         let name = format!("seckill_t_{:016x}", rand::random::<u64>());
         let admin: MySqlConnectOptions = server_url.parse().expect("server url");
@@ -206,6 +212,13 @@ impl TestDb {
 }
 
 impl Drop for TestDb {
+    /// Drops the database without waiting for it. A test's daemons run on the test's
+    /// runtime, often its only thread; when the test ends, one of them may hold a
+    /// transaction open in this database (aborted, but not yet polled again), and its
+    /// rollback needs that thread. `DROP DATABASE` waits for the transaction's metadata
+    /// lock, so waiting for it here would deadlock the test forever. The `mariadb` client
+    /// runs on its own (a thread reaps it): the drop happens once the locks go, at the
+    /// latest when this process exits and its connections close.
     fn drop(&mut self) {
         if self.own_server.is_some() {
             return; // the whole server goes with it
@@ -213,7 +226,7 @@ impl Drop for TestDb {
         let Ok(opts) = self.server_url.parse::<MySqlConnectOptions>() else {
             return;
         };
-        let _ = Command::new("mariadb")
+        let child = Command::new("mariadb")
             .args([
                 "-h",
                 opts.get_host(),
@@ -223,6 +236,12 @@ impl Drop for TestDb {
             ])
             .arg("-e")
             .arg(format!("DROP DATABASE IF EXISTS `{}`", self.name))
-            .output();
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if let Ok(mut child) = child {
+            std::thread::spawn(move || child.wait());
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use seckill_tests::process::port_open;
 use seckill_tests::{MariaDb, RedisCluster, TestDb};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -104,6 +104,67 @@ async fn one_active_order_per_user_and_item_but_a_rebuy_after_a_cancel() {
         .execute(pool)
         .await;
     assert!(unsigned.is_ok());
+}
+
+/// The deadlock this guards against hung CI for an hour: a test's daemon in-process,
+/// on the test's one runtime thread, holds a transaction open (the timeout sweep's
+/// `SELECT .. FOR UPDATE`) when the test ends and its `TestDb` drops. Had the drop
+/// waited for `DROP DATABASE`, it would wait on that transaction's metadata lock,
+/// and only this thread, blocked in the drop, could ever end the transaction.
+#[tokio::test]
+async fn dropping_a_test_db_never_waits_for_a_transaction_of_its_own_runtime() {
+    let server = MariaDb::start();
+    let db = TestDb::create_on(&server.server_url()).await;
+    let name = db.name.clone();
+    let mut tx = db.pool().begin().await.unwrap();
+    let (conn_id,): (u64,) = sqlx::query_as("SELECT CONNECTION_ID()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT * FROM orders FOR UPDATE")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    // A watchdog: if the drop still blocks after 20 s, it kills the transaction's
+    // connection from outside, so this test fails instead of hanging.
+    let (dropped, watch) = std::sync::mpsc::channel::<()>();
+    let port = server.port();
+    let watchdog = std::thread::spawn(move || {
+        if watch.recv_timeout(Duration::from_secs(20)).is_ok() {
+            return true;
+        }
+        let _ = std::process::Command::new("mariadb")
+            .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-uroot", "-e"])
+            .arg(format!("KILL {conn_id}"))
+            .output();
+        false
+    });
+    drop(db);
+    let _ = dropped.send(());
+    assert!(
+        watchdog.join().unwrap(),
+        "TestDb's drop blocked on a transaction held by the test's own runtime"
+    );
+    // Once the transaction ends, the database goes.
+    tx.rollback().await.unwrap();
+    let admin = sqlx::MySqlPool::connect(&server.server_url())
+        .await
+        .unwrap();
+    seckill_tests::process::wait_until_async(
+        "the dropped database to go",
+        Duration::from_secs(30),
+        || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+            )
+            .bind(&name)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+            n == 0
+        },
+    )
+    .await;
 }
 
 #[test]
