@@ -40,7 +40,7 @@ pub struct Endpoints<'a> {
     /// JSON log lines instead of text.
     pub json_logs: bool,
     /// Runtime worker threads; 0 = tokio's default (`TOKIO_WORKER_THREADS`, else one
-    /// per core).
+    /// per core); 1 = the current-thread scheduler ([`runtime_builder`]).
     pub worker_threads: usize,
 }
 
@@ -79,12 +79,8 @@ where
         return ExitCode::SUCCESS;
     }
     crate::telemetry::init(endpoints(&config).json_logs);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
     let threads = endpoints(&config).worker_threads;
-    if threads > 0 {
-        builder.worker_threads(threads);
-    }
+    let mut builder = runtime_builder(threads);
     let rt = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -121,6 +117,26 @@ where
     }
 }
 
+/// The runtime for `threads` worker threads (0: tokio's default). One thread gets
+/// tokio's current-thread scheduler: the same one thread, without the multi-thread
+/// scheduler's LIFO slot, which runs a woken task before those already queued. Under
+/// load that slot made the HTTP/2 connection task run (and write) after every single
+/// answer; with a plain FIFO queue the answers of one Redis reply are all queued first
+/// and leave in one write (docs/stockd.md, benchmark).
+pub fn runtime_builder(threads: usize) -> tokio::runtime::Builder {
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if threads > 0 {
+            b.worker_threads(threads);
+        }
+        b
+    };
+    builder.enable_all();
+    builder
+}
+
 async fn migrate(url: &str) -> anyhow::Result<()> {
     let pool = sqlx::MySqlPool::connect(url)
         .await
@@ -129,4 +145,30 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
     pool.close().await;
     tracing::info!("migrations applied");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::runtime::RuntimeFlavor;
+
+    use super::runtime_builder;
+
+    #[test]
+    fn one_thread_is_the_current_thread_scheduler_and_more_are_multi_thread() {
+        let flavor = |n| {
+            runtime_builder(n)
+                .build()
+                .unwrap()
+                .handle()
+                .runtime_flavor()
+        };
+        assert_eq!(flavor(1), RuntimeFlavor::CurrentThread);
+        assert_eq!(flavor(2), RuntimeFlavor::MultiThread);
+        assert_eq!(flavor(0), RuntimeFlavor::MultiThread);
+        // Timers and I/O are enabled on both.
+        runtime_builder(1).build().unwrap().block_on(async {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        });
+    }
 }

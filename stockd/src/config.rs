@@ -52,8 +52,10 @@ pub struct GrpcConfig {
     /// because stockd shares its host with what it waits on: on a 2-core box with
     /// Redis and the callers, one thread took 18 µs of CPU per reservation against 23
     /// µs with two (fewer thread wake-ups and context switches, larger group commits)
-    /// and served more reservations/s (docs/stockd.md, benchmark). Set it on a host of
-    /// its own, and under a CPU quota smaller than the host. Default 0.
+    /// and served more reservations/s (docs/stockd.md, benchmark). One thread runs
+    /// tokio's current-thread scheduler, which writes the answers of one Redis reply
+    /// in one HTTP/2 write. Set it on a host of its own, and under a CPU quota smaller
+    /// than the host. Default 0.
     #[serde(default)]
     pub worker_threads: usize,
 }
