@@ -4,8 +4,10 @@
 # and a MariaDB started by the test harness. Prints a table and writes
 # ${RESULTS_DIR:-results}/stockd.tsv (case, ours, anchor, ratio, unit).
 #
-# Knobs: BENCH_SECS (per case, default 8), BENCH_CONCURRENCY (default 64),
-# BENCH_CONNS (HTTP/2 connections of the gRPC client, default 4),
+# Knobs: BENCH_SECS (per case, default 5), BENCH_ROUNDS (anchor-then-ours rounds, default 5;
+# the report takes the median round), BENCH_CONCURRENCY (default 64),
+# BENCH_CONNS (HTTP/2 connections per load-generator thread, default 1),
+# BENCH_LOADGEN_THREADS (load-generator threads, each its own event loop, default 2),
 # SECKILL_TEST_MYSQL_URL (reuse a MariaDB server instead of starting one), and for A/B
 # runs BENCH_STOCKD_GRPC / BENCH_STOCKD_STOCK: TOML lines added to stockd's [grpc] /
 # [stock] sections, e.g. BENCH_STOCKD_GRPC="worker_threads = 1" (default: none).

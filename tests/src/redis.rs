@@ -250,7 +250,8 @@ impl RedisServer {
     }
 }
 
-async fn connect(url: &str) -> fred::clients::Client {
+/// A fred client connected to `url` (a `redis-cluster://` URL from [`RedisCluster::url`]).
+pub async fn connect(url: &str) -> fred::clients::Client {
     use fred::prelude::*;
     let config = Config::from_url(url).expect("redis url");
     let client = Builder::from_config(config).build().expect("redis client");

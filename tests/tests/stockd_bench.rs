@@ -5,32 +5,44 @@
 //! in the same run. Every call reserves (a fresh user each time; stock never runs
 //! out), so both sides run the full script: HGET, DECR, INCR, HSET, XADD.
 //!
+//! Both sides run on the same load generator: two threads, each with its own
+//! current-thread runtime and its own connections (one HTTP/2 connection to stockd,
+//! or one fred client with a connection per Redis node), as wrk runs its threads.
+//! The run alternates anchor and ours for `BENCH_ROUNDS` rounds; each round gives a
+//! ratio of two cases seconds apart, and the report takes the median round, because
+//! this shared machine's speed drifts by more than the effects measured.
+//!
 //! Where the time goes: stockd's own histograms (`stockd_reserve_seconds`, the
 //! handler; `stockd_lua_seconds{script="reserve"}`, the EVALSHA round trip) split the
 //! client-observed latency into gRPC+HTTP/2, handler overhead and Redis; CPU seconds
-//! per 1,000 reservations of stockd (from /proc) and of the Redis nodes (INFO cpu)
-//! show who burns the 2 cores.
+//! per reservation of stockd (from /proc), of the Redis nodes (INFO cpu) and of the
+//! load generator (this process, /proc) show who burns the 2 cores.
 //!
 //! Run: `deploy/bench/stockd.sh` (or `cargo build --release -p stockd --bins && cargo
 //! test --release -p seckill-tests --no-default-features --features stockd --test
 //! stockd_bench -- --ignored --nocapture`). Writes `${RESULTS_DIR:-results}/stockd.tsv`.
-//! Knobs: `BENCH_SECS` (per case, default 8), `BENCH_CONCURRENCY` (default 64),
-//! `BENCH_CONNS` (HTTP/2 connections of the gRPC client, default 4), and for A/B runs
-//! `BENCH_STOCKD_GRPC` / `BENCH_STOCKD_STOCK`: TOML lines added to stockd's `[grpc]` /
-//! `[stock]` sections (default: none, the shipped defaults).
+//! Knobs: `BENCH_SECS` (per case, default 5), `BENCH_ROUNDS` (anchor-then-ours
+//! rounds, default 5), `BENCH_CONCURRENCY` (default 64), `BENCH_CONNS` (HTTP/2
+//! connections per load-generator thread, default 1), `BENCH_LOADGEN_THREADS`
+//! (default 2), and for A/B runs `BENCH_STOCKD_GRPC` / `BENCH_STOCKD_STOCK`: TOML
+//! lines added to stockd's `[grpc]` / `[stock]` sections (default: none, the shipped
+//! defaults).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
+use futures::future::BoxFuture;
 use seckill_lua::home_shard;
 use seckill_lua::scripts::{self, ReserveCall};
+use seckill_proto::auth::AttachToken;
 use seckill_proto::pb;
+use seckill_proto::pb::stock_service_client::StockServiceClient;
 use seckill_tests::stockd::{
     create_published_activity_with, spawn_stockd_process_with, StockdProcess,
 };
-use seckill_tests::{RedisCluster, TestDb};
+use seckill_tests::{grpc, RedisCluster, TestDb, SERVICE_TOKEN};
 
 struct Run {
     calls: u64,
@@ -61,40 +73,81 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Runs `call(worker, seq)` from `conc` workers for `secs` (after a 1 s warm-up).
-async fn drive<F, Fut>(conc: usize, secs: u64, call: F) -> Run
-where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = bool> + Send,
-{
-    let call = Arc::new(call);
+/// One caller's call: `(worker, seq)` → whether it reserved.
+type Call = Arc<dyn Fn(usize, u64) -> BoxFuture<'static, bool> + Send + Sync>;
+/// Builds a load-generator thread's [`Call`] (its own connections) inside that
+/// thread's runtime.
+type Setup = Arc<dyn Fn() -> BoxFuture<'static, Call> + Send + Sync>;
+
+/// Runs `conc` callers for `secs` (after a 1 s warm-up) on `BENCH_LOADGEN_THREADS`
+/// threads (default 2), each with its own current-thread runtime and its own
+/// connections from `setup`, as wrk runs its threads: the load generator shares the
+/// 2 cores with what it measures, and one event loop per thread batches the writes
+/// of its callers instead of waking a connection task per call. Both sides of the
+/// bench go through here, so both get the same load generator.
+async fn drive(conc: usize, secs: u64, setup: Setup) -> Run {
+    let threads = (env_u64("BENCH_LOADGEN_THREADS", 2) as usize).clamp(1, conc);
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for w in 0..conc {
-        let (call, measuring, stop, errors) = (
-            call.clone(),
+    let ready = Arc::new(std::sync::Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let (setup, measuring, stop, errors, ready) = (
+            setup.clone(),
             measuring.clone(),
             stop.clone(),
             errors.clone(),
+            ready.clone(),
         );
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(100_000);
-            let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let ok = call(w, seq).await;
-                seq += 1;
-                if !ok {
-                    errors.fetch_add(1, Ordering::Relaxed);
+        // Workers t, t + threads, t + 2 * threads, ...: `conc` callers in all.
+        let workers: Vec<usize> = (t..conc).step_by(threads).collect();
+        handles.push(std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("load generator runtime");
+            rt.block_on(async move {
+                let call = setup().await;
+                ready.wait();
+                let mut tasks = Vec::new();
+                for w in workers {
+                    let (call, measuring, stop, errors) = (
+                        call.clone(),
+                        measuring.clone(),
+                        stop.clone(),
+                        errors.clone(),
+                    );
+                    tasks.push(tokio::spawn(async move {
+                        let mut lat = Vec::with_capacity(100_000);
+                        let mut seq = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let t = Instant::now();
+                            let ok = call(w, seq).await;
+                            seq += 1;
+                            if !ok {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if measuring.load(Ordering::Relaxed) {
+                                lat.push(t.elapsed().as_micros() as u64);
+                            }
+                        }
+                        lat
+                    }));
                 }
-                if measuring.load(Ordering::Relaxed) {
-                    lat.push(t.elapsed().as_micros() as u64);
+                let mut lat = Vec::new();
+                for t in tasks {
+                    lat.extend(t.await.unwrap());
                 }
-            }
-            lat
+                lat
+            })
         }));
+    }
+    {
+        let ready = ready.clone();
+        tokio::task::spawn_blocking(move || ready.wait())
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     measuring.store(true, Ordering::Relaxed);
@@ -103,10 +156,15 @@ where
     measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let mut lat_us = Vec::new();
-    for t in tasks {
-        lat_us.extend(t.await.unwrap());
-    }
+    let mut lat_us = tokio::task::spawn_blocking(move || {
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.join().expect("load generator thread"));
+        }
+        all
+    })
+    .await
+    .unwrap();
     lat_us.sort_unstable();
     assert_eq!(
         errors.load(Ordering::Relaxed),
@@ -172,19 +230,28 @@ struct GrpcCase {
     run: Run,
     cpu_stockd: f64,
     cpu_redis: f64,
+    /// CPU of this process (the load generator) during the case.
+    cpu_client: f64,
     handler_ms: f64,
     lua_ms: f64,
     batch_mean: f64,
 }
 
+/// One anchor case: `reserve.lua` by EVALSHA from fred.
+struct AnchorCase {
+    run: Run,
+    cpu_redis: f64,
+    cpu_client: f64,
+}
+
 /// Publishes an item that never sells out on `p` and drives Reserve over gRPC
-/// (64 callers over 4 HTTP/2 connections, a fresh user per call).
+/// (`conc` callers over `BENCH_CONNS` HTTP/2 connections, a fresh user per call).
 async fn grpc_case(
     p: &StockdProcess,
     cluster: &RedisCluster,
     conc: usize,
     secs: u64,
-    tag: &'static str,
+    tag: String,
 ) -> GrpcCase {
     let mut admin = p.admin_client().await;
     let act = create_published_activity_with(
@@ -195,32 +262,49 @@ async fn grpc_case(
         Duration::from_secs(3600),
     )
     .await;
-    let mut clients = Vec::new();
-    for _ in 0..env_u64("BENCH_CONNS", 4) {
-        clients.push(p.stock_client().await);
-    }
     let (oa, os) = (act.id, act.items[0].id);
     let pid = p.child.id().unwrap();
     let before = scrape(&p.admin_addr).await;
-    let (cpu_stockd0, cpu_redis0) = (proc_cpu(pid), redis_cpu(cluster));
-    let clients = Arc::new(clients);
-    let run = drive(conc, secs, move |w, seq| {
-        let mut c = clients[w % clients.len()].clone();
-        async move {
-            let r = c
-                .reserve(pb::ReserveRequest {
-                    activity_id: oa,
-                    item_id: os,
-                    user_id: format!("{tag}{w}-{seq}"),
-                    request_id: "r".into(),
+    let (cpu_stockd0, cpu_redis0, cpu_client0) = (
+        proc_cpu(pid),
+        redis_cpu(cluster),
+        proc_cpu(std::process::id()),
+    );
+    let addr = Arc::new(p.addr.clone());
+    let tag = Arc::new(tag);
+    let setup: Setup = Arc::new(move || {
+        let (addr, tag) = (addr.clone(), tag.clone());
+        Box::pin(async move {
+            let mut clients = Vec::new();
+            for _ in 0..env_u64("BENCH_CONNS", 1) {
+                let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+                clients.push(StockServiceClient::with_interceptor(
+                    grpc::channel(&addr).await,
+                    token,
+                ));
+            }
+            let call: Call = Arc::new(move |w, seq| {
+                let mut c = clients[w % clients.len()].clone();
+                let user_id = format!("{tag}{w}-{seq}");
+                Box::pin(async move {
+                    let r = c
+                        .reserve(pb::ReserveRequest {
+                            activity_id: oa,
+                            item_id: os,
+                            user_id,
+                            request_id: "r".into(),
+                        })
+                        .await;
+                    matches!(r, Ok(r) if r.get_ref().outcome() == pb::ReserveOutcome::Reserved)
                 })
-                .await;
-            matches!(r, Ok(r) if r.get_ref().outcome() == pb::ReserveOutcome::Reserved)
-        }
-    })
-    .await;
+            });
+            call
+        })
+    });
+    let run = drive(conc, secs, setup).await;
     let cpu_stockd = proc_cpu(pid) - cpu_stockd0;
     let cpu_redis = redis_cpu(cluster) - cpu_redis0;
+    let cpu_client = proc_cpu(std::process::id()) - cpu_client0;
     let after = scrape(&p.admin_addr).await;
     // Means over the whole case (the 1 s warm-up's calls included; a mean is fine).
     let diff = |name: &str, label: &str, scale: f64| {
@@ -235,19 +319,71 @@ async fn grpc_case(
         run,
         cpu_stockd,
         cpu_redis,
+        cpu_client,
     }
+}
+
+/// The anchor: `reserve.lua` by EVALSHA on item (`a`, `s`), one reservation per call,
+/// same cluster, same shape of keys (8 shards, a fresh user per call).
+async fn anchor_case(
+    cluster: &RedisCluster,
+    (a, s): (u64, u64),
+    conc: usize,
+    secs: u64,
+    tag: String,
+) -> AnchorCase {
+    let sha = scripts::RESERVE.sha1();
+    let (cpu_redis0, cpu_client0) = (redis_cpu(cluster), proc_cpu(std::process::id()));
+    let url = Arc::new(cluster.url());
+    let tag = Arc::new(tag);
+    let setup: Setup = Arc::new(move || {
+        let (url, tag, sha) = (url.clone(), tag.clone(), sha.clone());
+        Box::pin(async move {
+            let redis = seckill_tests::redis::connect(&url).await;
+            let call: Call = Arc::new(move |w, seq| {
+                let (redis, sha) = (redis.clone(), sha.clone());
+                let user = format!("{tag}{w}-{seq}");
+                Box::pin(async move {
+                    let shard = home_shard(&user, 8);
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_millis() as i64;
+                    let mut call = ReserveCall::new(a, shard, now, "", 0, 1);
+                    call.push(s, &user, "r");
+                    let r: Result<Vec<fred::types::Value>, _> =
+                        redis.evalsha(sha, call.keys, call.args).await;
+                    matches!(r, Ok(v) if v.first().and_then(|x| x.as_str().map(|s| s == "RESERVED")).unwrap_or(false))
+                })
+            });
+            call
+        })
+    });
+    let run = drive(conc, secs, setup).await;
+    AnchorCase {
+        run,
+        cpu_redis: redis_cpu(cluster) - cpu_redis0,
+        cpu_client: proc_cpu(std::process::id()) - cpu_client0,
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run through deploy/bench/stockd.sh"]
 async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
-    let secs = env_u64("BENCH_SECS", 8);
+    let secs = env_u64("BENCH_SECS", 5);
     let conc = env_u64("BENCH_CONCURRENCY", 64) as usize;
+    let rounds = env_u64("BENCH_ROUNDS", 5).max(1) as usize;
+    let conns = env_u64("BENCH_CONNS", 1);
+    let threads = env_u64("BENCH_LOADGEN_THREADS", 2);
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
 
-    // --- anchor: reserve.lua by EVALSHA, one reservation per call, same cluster,
-    // same shape of keys.
     // A/B knobs: extra `[grpc]` / `[stock]` TOML lines for both stockd processes
     // (empty = the shipped defaults), e.g. BENCH_STOCKD_GRPC="worker_threads = 1".
     let extra_grpc = std::env::var("BENCH_STOCKD_GRPC").unwrap_or_default();
@@ -261,43 +397,25 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
         Duration::from_secs(3600),
     )
     .await;
-    let redis = cluster.client().await;
     for i in 0..cluster.nodes().len() {
         cluster.cli(i, &["SCRIPT", "LOAD", scripts::RESERVE.body]);
     }
-    let (ta, ts) = (theirs.id, theirs.items[0].id);
-    let sha = scripts::RESERVE.sha1();
-    let cpu_redis0 = redis_cpu(&cluster);
-    let anchor = {
-        let redis = redis.clone();
-        drive(conc, secs, move |w, seq| {
-            let redis = redis.clone();
-            let sha = sha.clone();
-            async move {
-                let user = format!("d{w}-{seq}");
-                let shard = home_shard(&user, 8);
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis() as i64;
-                let mut call = ReserveCall::new(ta, shard, now, "", 0, 1);
-                call.push(ts, &user, "r");
-                let r: Result<Vec<fred::types::Value>, _> = redis
-                    .evalsha(sha, call.keys, call.args)
-                    .await;
-                matches!(r, Ok(v) if v.first().and_then(|x| x.as_str().map(|s| s == "RESERVED")).unwrap_or(false))
-            }
-        })
-        .await
-    };
-    let cpu_redis_anchor = redis_cpu(&cluster) - cpu_redis0;
+    let item = (theirs.id, theirs.items[0].id);
 
-    // --- ours: StockService.Reserve over gRPC, with group commit (the default), then
-    // with `reserve_batch_max = 1` (one reserve call per reservation).
-    let ours = grpc_case(&p, &cluster, conc, secs, "g").await;
+    // Rounds of (anchor, ours) back to back: the machine's speed drifts by more than
+    // the effect measured, so each ratio compares two cases seconds apart, and the
+    // report takes the median round.
+    let mut pairs = Vec::new();
+    for r in 0..rounds {
+        let anchor = anchor_case(&cluster, item, conc, secs, format!("d{r}-")).await;
+        let ours = grpc_case(&p, &cluster, conc, secs, format!("g{r}-")).await;
+        pairs.push((anchor, ours));
+    }
     drop(p);
-    // A second process (the first one stopped), which leaves the shards it finds
-    // intact instead of rebuilding them from the streams the cases above filled.
+    // `reserve_batch_max = 1` (one reserve call per reservation), once, next to one
+    // more anchor: a second process (the first one stopped), which leaves the shards
+    // it finds intact instead of rebuilding them from the streams the cases above
+    // filled.
     let p = spawn_stockd_process_with(
         &cluster,
         &db,
@@ -305,45 +423,51 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
         &format!("{extra_stock}\nrecompute_at_start = false\nreserve_batch_max = 1"),
     )
     .await;
-    let single = grpc_case(&p, &cluster, conc, secs, "s").await;
+    let single_anchor = anchor_case(&cluster, item, conc, secs, "du-".into()).await;
+    let single = grpc_case(&p, &cluster, conc, secs, "s-".into()).await;
     drop(p);
+
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .map(|(a, o)| o.run.rps() / a.run.rps())
+        .collect();
+    let mid = median(&ratios);
+    let (anchor, ours) = pairs
+        .iter()
+        .find(|(a, o)| o.run.rps() / a.run.rps() == mid)
+        .expect("the median is one of the rounds");
 
     let per_1k = |cpu: f64, calls: u64| cpu / (calls as f64 / 1000.0);
     let mut rows = Vec::new();
     let cases = [
-        ("", "group commit", &ours),
-        ("_unbatched", "no group commit", &single),
+        ("", "group commit, median round", anchor, ours),
+        ("_unbatched", "no group commit", &single_anchor, &single),
     ];
-    for (name, _, c) in cases {
+    for (name, _, a, c) in cases {
         let g = &c.run;
-        rows.push((
-            format!("reserve_throughput_64{name}"),
+        let mut row = |case: &str, o: f64, a: f64, unit: &'static str| {
+            rows.push((format!("{case}{name}"), o, a, o / a, unit))
+        };
+        row(
+            "reserve_throughput_64",
             g.rps(),
-            anchor.rps(),
-            g.rps() / anchor.rps(),
+            a.run.rps(),
             "reservations/s",
-        ));
-        rows.push((
-            format!("reserve_p50_64{name}"),
-            g.pct(0.50),
-            anchor.pct(0.50),
-            g.pct(0.50) / anchor.pct(0.50),
-            "ms",
-        ));
-        rows.push((
-            format!("reserve_p99_64{name}"),
-            g.pct(0.99),
-            anchor.pct(0.99),
-            g.pct(0.99) / anchor.pct(0.99),
-            "ms",
-        ));
-        rows.push((
-            format!("redis_cpu_per_1k{name}"),
+        );
+        row("reserve_p50_64", g.pct(0.50), a.run.pct(0.50), "ms");
+        row("reserve_p99_64", g.pct(0.99), a.run.pct(0.99), "ms");
+        row(
+            "redis_cpu_per_1k",
             per_1k(c.cpu_redis, g.calls),
-            per_1k(cpu_redis_anchor, anchor.calls),
-            per_1k(c.cpu_redis, g.calls) / per_1k(cpu_redis_anchor, anchor.calls),
+            per_1k(a.cpu_redis, a.run.calls),
             "cpu-s/1k reservations",
-        ));
+        );
+        row(
+            "client_cpu_per_1k",
+            per_1k(c.cpu_client, g.calls),
+            per_1k(a.cpu_client, a.run.calls),
+            "cpu-s/1k reservations",
+        );
     }
     let dir = std::env::var("RESULTS_DIR")
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../results").to_string());
@@ -354,16 +478,25 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     }
     std::fs::write(format!("{dir}/stockd.tsv"), &tsv).unwrap();
 
-    println!("\nstockd Reserve benchmark: {conc} concurrent callers, {secs} s per case, 3-master Redis Cluster, 8 shards");
-    println!("ours = StockService.Reserve over gRPC (release stockd child process, default config: group commit)");
+    println!("\nstockd Reserve benchmark: {conc} concurrent callers, {secs} s per case, {rounds} rounds, 3-master Redis Cluster, 8 shards");
     println!(
-        "_unbatched: the same with stock.reserve_batch_max = 1 (one reserve call per reservation)"
+        "load generator: {threads} threads, each its own current-thread runtime and connections"
     );
-    println!("anchor = EVALSHA reserve.lua via fred, one reservation per call");
+    println!("ours = StockService.Reserve over gRPC ({conns} HTTP/2 connection(s) per thread; release stockd child process, default config: group commit)");
+    println!(
+        "_unbatched: the same with stock.reserve_batch_max = 1 (one reserve call per reservation), one round"
+    );
+    println!("anchor = EVALSHA reserve.lua via fred (one client per thread, one connection per node), one reservation per call; each round runs the anchor, then ours");
     if !(extra_grpc.is_empty() && extra_stock.is_empty()) {
         println!("stockd config changed from the defaults: [grpc] {extra_grpc:?} [stock] {extra_stock:?}");
     }
     println!();
+    let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+    println!(
+        "throughput ratio per round: {} (median {mid:.3})",
+        listed.join(", ")
+    );
+    println!("the table shows the median round\n");
     println!(
         "{:<32} {:>14} {:>14} {:>8}  unit",
         "case", "ours", "anchor", "ratio"
@@ -371,7 +504,7 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     for (case, o, a, r, unit) in &rows {
         println!("{case:<32} {o:>14.3} {a:>14.3} {r:>8.3}  {unit}");
     }
-    for (_, name, c) in cases {
+    for (_, name, a, c) in cases {
         println!("\nwhere the time goes ({name}, mean per reservation):");
         println!("  client-observed            {:>8.3} ms", c.run.mean_ms());
         println!(
@@ -390,11 +523,19 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
             "  reservations per call      {:>8.2}     (stockd_reserve_batch_size)",
             c.batch_mean
         );
+        let us = |cpu: f64, calls: u64| per_1k(cpu, calls) * 1000.0;
         println!(
-            "  CPU per 1k reservations: stockd {:.3} s, redis {:.3} s (anchor: redis {:.3} s)",
-            per_1k(c.cpu_stockd, c.run.calls),
-            per_1k(c.cpu_redis, c.run.calls),
-            per_1k(cpu_redis_anchor, anchor.calls)
+            "  CPU per reservation: stockd {:.1} µs, redis {:.1} µs, load generator {:.1} µs = {:.1} µs",
+            us(c.cpu_stockd, c.run.calls),
+            us(c.cpu_redis, c.run.calls),
+            us(c.cpu_client, c.run.calls),
+            us(c.cpu_stockd + c.cpu_redis + c.cpu_client, c.run.calls),
+        );
+        println!(
+            "  anchor's CPU per reservation: redis {:.1} µs, fred caller {:.1} µs = {:.1} µs",
+            us(a.cpu_redis, a.run.calls),
+            us(a.cpu_client, a.run.calls),
+            us(a.cpu_redis + a.cpu_client, a.run.calls),
         );
     }
     println!("\nresults: {dir}/stockd.tsv");
