@@ -57,6 +57,16 @@ impl GatewayHandle {
         format!("http://127.0.0.1:{}", self.admin_port)
     }
 
+    /// The Prometheus text of `/metrics` on the admin port.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin_url()))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("/metrics body")
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("gateway.toml")
     }

@@ -545,12 +545,7 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
         "hung for {:?}",
         started.elapsed()
     );
-    let metrics = reqwest::get(format!("{}/metrics", gw.admin_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics().await;
     let upstream: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("gateway_upstream_errors_total{"))

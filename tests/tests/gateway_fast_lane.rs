@@ -202,12 +202,7 @@ async fn sold_out_answers_take_the_ip_buckets_tokens_as_the_pipeline_does() {
     assert_same(&f, &sl);
 
     // The answers are counted like the pipeline's.
-    let metrics = reqwest::get(format!("{}/metrics", fast.admin_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = fast.metrics().await;
     let count = |outcome: &str| {
         metrics
             .lines()
