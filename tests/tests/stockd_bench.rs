@@ -48,6 +48,10 @@ struct Run {
     calls: u64,
     secs: f64,
     lat_us: Vec<u64>,
+    /// CPU seconds of each process the case's sampler reads, over the measured window
+    /// only (not the connect and warm-up before it), so that dividing by `calls` gives
+    /// CPU per reservation.
+    cpu: Vec<f64>,
 }
 
 impl Run {
@@ -85,7 +89,10 @@ type Setup = Arc<dyn Fn() -> BoxFuture<'static, Call> + Send + Sync>;
 /// 2 cores with what it measures, and one event loop per thread batches the writes
 /// of its callers instead of waking a connection task per call. Both sides of the
 /// bench go through here, so both get the same load generator.
-async fn drive(conc: usize, secs: u64, setup: Setup) -> Run {
+///
+/// `cpu` samples the CPU seconds used so far by the processes of the case; it is read
+/// when the measured window opens and when it closes.
+async fn drive(conc: usize, secs: u64, setup: Setup, cpu: &dyn Fn() -> Vec<f64>) -> Run {
     let threads = (env_u64("BENCH_LOADGEN_THREADS", 2) as usize).clamp(1, conc);
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -150,11 +157,13 @@ async fn drive(conc: usize, secs: u64, setup: Setup) -> Run {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let cpu0 = cpu();
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu: Vec<f64> = cpu().iter().zip(&cpu0).map(|(b, a)| b - a).collect();
     stop.store(true, Ordering::Relaxed);
     let mut lat_us = tokio::task::spawn_blocking(move || {
         let mut all = Vec::new();
@@ -175,6 +184,7 @@ async fn drive(conc: usize, secs: u64, setup: Setup) -> Run {
         calls: lat_us.len() as u64,
         secs: elapsed,
         lat_us,
+        cpu,
     }
 }
 
@@ -265,11 +275,6 @@ async fn grpc_case(
     let (oa, os) = (act.id, act.items[0].id);
     let pid = p.child.id().unwrap();
     let before = scrape(&p.admin_addr).await;
-    let (cpu_stockd0, cpu_redis0, cpu_client0) = (
-        proc_cpu(pid),
-        redis_cpu(cluster),
-        proc_cpu(std::process::id()),
-    );
     let addr = Arc::new(p.addr.clone());
     let tag = Arc::new(tag);
     let setup: Setup = Arc::new(move || {
@@ -301,10 +306,15 @@ async fn grpc_case(
             call
         })
     });
-    let run = drive(conc, secs, setup).await;
-    let cpu_stockd = proc_cpu(pid) - cpu_stockd0;
-    let cpu_redis = redis_cpu(cluster) - cpu_redis0;
-    let cpu_client = proc_cpu(std::process::id()) - cpu_client0;
+    let sample = || {
+        vec![
+            proc_cpu(pid),
+            redis_cpu(cluster),
+            proc_cpu(std::process::id()),
+        ]
+    };
+    let run = drive(conc, secs, setup, &sample).await;
+    let (cpu_stockd, cpu_redis, cpu_client) = (run.cpu[0], run.cpu[1], run.cpu[2]);
     let after = scrape(&p.admin_addr).await;
     // Means over the whole case (the 1 s warm-up's calls included; a mean is fine).
     let diff = |name: &str, label: &str, scale: f64| {
@@ -333,7 +343,6 @@ async fn anchor_case(
     tag: String,
 ) -> AnchorCase {
     let sha = scripts::RESERVE.sha1();
-    let (cpu_redis0, cpu_client0) = (redis_cpu(cluster), proc_cpu(std::process::id()));
     let url = Arc::new(cluster.url());
     let tag = Arc::new(tag);
     let setup: Setup = Arc::new(move || {
@@ -359,11 +368,12 @@ async fn anchor_case(
             call
         })
     });
-    let run = drive(conc, secs, setup).await;
+    let sample = || vec![redis_cpu(cluster), proc_cpu(std::process::id())];
+    let run = drive(conc, secs, setup, &sample).await;
     AnchorCase {
+        cpu_redis: run.cpu[0],
+        cpu_client: run.cpu[1],
         run,
-        cpu_redis: redis_cpu(cluster) - cpu_redis0,
-        cpu_client: proc_cpu(std::process::id()) - cpu_client0,
     }
 }
 
