@@ -19,6 +19,14 @@ use crate::process::{free_port, run_ok, wait_until, ChildGuard};
 /// e.g. `mysql://root@127.0.0.1:34567`.
 pub const SUITE_SERVER_ENV: &str = "SECKILL_TEST_MYSQL_URL";
 
+/// The `mariadb` command-line client, as root, for the server at `host:port`; add
+/// `-e <statement>` and run it.
+pub fn mariadb_client(host: &str, port: u16) -> Command {
+    let mut cmd = Command::new("mariadb");
+    cmd.args(["-h", host, "-P", &port.to_string(), "-uroot"]);
+    cmd
+}
+
 /// A `mariadbd` owned by the test.
 #[derive(Debug)]
 pub struct MariaDb {
@@ -111,16 +119,8 @@ impl MariaDb {
             &format!("mariadbd on {port}"),
             Duration::from_secs(30),
             || {
-                Command::new("mariadb")
-                    .args([
-                        "-h",
-                        "127.0.0.1",
-                        "-P",
-                        &port.to_string(),
-                        "-uroot",
-                        "-e",
-                        "SELECT 1",
-                    ])
+                mariadb_client("127.0.0.1", port)
+                    .args(["-e", "SELECT 1"])
                     .output()
                     .is_ok_and(|o| o.status.success())
             },
@@ -226,14 +226,7 @@ impl Drop for TestDb {
         let Ok(opts) = self.server_url.parse::<MySqlConnectOptions>() else {
             return;
         };
-        let child = Command::new("mariadb")
-            .args([
-                "-h",
-                opts.get_host(),
-                "-P",
-                &opts.get_port().to_string(),
-                "-uroot",
-            ])
+        let child = mariadb_client(opts.get_host(), opts.get_port())
             .arg("-e")
             .arg(format!("DROP DATABASE IF EXISTS `{}`", self.name))
             .stdin(Stdio::null())

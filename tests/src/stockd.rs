@@ -21,6 +21,18 @@ pub type StockClient = StockServiceClient<InterceptedService<Channel, AttachToke
 /// An AdminService client that sends the harness' service token.
 pub type AdminClient = AdminServiceClient<InterceptedService<Channel, AttachToken>>;
 
+/// A StockService client for a stockd at `addr`, with the service token.
+pub async fn stock_client(addr: &str) -> StockClient {
+    let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+    StockServiceClient::with_interceptor(crate::grpc::channel(addr).await, token)
+}
+
+/// An AdminService client for a stockd at `addr`, with the service token.
+pub async fn admin_client(addr: &str) -> AdminClient {
+    let token = AttachToken::new(SERVICE_TOKEN).expect("token");
+    AdminServiceClient::with_interceptor(crate::grpc::channel(addr).await, token)
+}
+
 /// The config [`spawn_stockd`] uses, to adjust before [`spawn_stockd_with`].
 pub fn stockd_config(redis: &RedisCluster, db: &TestDb) -> stockd::Config {
     stockd::Config::for_test(redis.nodes(), db.url(), SERVICE_TOKEN)
@@ -49,14 +61,12 @@ impl std::fmt::Debug for StockdHandle {
 impl StockdHandle {
     /// A StockService client with the service token attached.
     pub async fn stock_client(&self) -> StockClient {
-        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
-        StockServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+        stock_client(&self.addr).await
     }
 
     /// An AdminService client with the service token attached.
     pub async fn admin_client(&self) -> AdminClient {
-        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
-        AdminServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+        admin_client(&self.addr).await
     }
 
     /// Fires the shutdown signal and waits for `run` to return.
@@ -201,13 +211,11 @@ pub struct StockdProcess {
 
 impl StockdProcess {
     pub async fn stock_client(&self) -> StockClient {
-        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
-        StockServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+        stock_client(&self.addr).await
     }
 
     pub async fn admin_client(&self) -> AdminClient {
-        let token = AttachToken::new(SERVICE_TOKEN).expect("token");
-        AdminServiceClient::with_interceptor(crate::grpc::channel(&self.addr).await, token)
+        admin_client(&self.addr).await
     }
 
     /// `kill -9`.

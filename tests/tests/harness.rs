@@ -1,5 +1,6 @@
 //! The harness itself: its parts come up real and go away with their handles.
 
+use seckill_tests::mysql::mariadb_client;
 use seckill_tests::process::port_open;
 use seckill_tests::{MariaDb, RedisCluster, TestDb};
 use std::time::{Duration, Instant};
@@ -133,8 +134,8 @@ async fn dropping_a_test_db_never_waits_for_a_transaction_of_its_own_runtime() {
         if watch.recv_timeout(Duration::from_secs(20)).is_ok() {
             return true;
         }
-        let _ = std::process::Command::new("mariadb")
-            .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-uroot", "-e"])
+        let _ = mariadb_client("127.0.0.1", port)
+            .arg("-e")
             .arg(format!("KILL {conn_id}"))
             .output();
         false

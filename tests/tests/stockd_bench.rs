@@ -36,13 +36,11 @@ use fred::prelude::*;
 use futures::future::BoxFuture;
 use seckill_lua::home_shard;
 use seckill_lua::scripts::{self, ReserveCall};
-use seckill_proto::auth::AttachToken;
 use seckill_proto::pb;
-use seckill_proto::pb::stock_service_client::StockServiceClient;
 use seckill_tests::stockd::{
-    create_published_activity_with, spawn_stockd_process_with, StockdProcess,
+    create_published_activity_with, spawn_stockd_process_with, stock_client, StockdProcess,
 };
-use seckill_tests::{grpc, RedisCluster, TestDb, SERVICE_TOKEN};
+use seckill_tests::{RedisCluster, TestDb};
 
 struct Run {
     calls: u64,
@@ -282,11 +280,7 @@ async fn grpc_case(
         Box::pin(async move {
             let mut clients = Vec::new();
             for _ in 0..env_u64("BENCH_CONNS", 1) {
-                let token = AttachToken::new(SERVICE_TOKEN).expect("token");
-                clients.push(StockServiceClient::with_interceptor(
-                    grpc::channel(&addr).await,
-                    token,
-                ));
+                clients.push(stock_client(&addr).await);
             }
             let call: Call = Arc::new(move |w, seq| {
                 let mut c = clients[w % clients.len()].clone();
