@@ -125,12 +125,13 @@ gw_config() { # name, extra TOML appended
 [server]
 listen = ["127.0.0.1:$GW_PORT"]
 threads = 1
-admin_listen = "127.0.0.1:$GW_ADMIN"
 pid_file = "$WORK/gateway.pid"
 upgrade_sock = "$WORK/gateway-upgrade.sock"
 grace_period_secs = 0
 graceful_shutdown_timeout_secs = 1
 access_log = false
+[admin]
+listen = "127.0.0.1:$GW_ADMIN"
 [redis]
 nodes = ["127.0.0.1:$REDIS_PORT"]
 cluster = false

@@ -11,7 +11,7 @@
 //! sections need a restart (or a graceful upgrade).
 
 use ipnet::IpNet;
-use seckill_proto::config::{ensure, ensure_range, FieldError, Validate};
+use seckill_daemon::config::{ensure, ensure_range, FieldError, LogSection, Validate};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -24,6 +24,10 @@ pub const ENV_PREFIX: &str = "GATEWAY";
 pub struct Config {
     #[serde(default)]
     pub server: Server,
+    #[serde(default)]
+    pub admin: Admin,
+    #[serde(default)]
+    pub log: LogSection,
     pub redis: Redis,
     pub upstreams: Upstreams,
     pub auth: Auth,
@@ -39,6 +43,23 @@ pub struct Config {
     pub dev: Dev,
 }
 
+/// `[admin]`: the loopback admin listener (`/metrics`, `/healthz`, `/readyz`). The same
+/// spelling as stockd's and orderd's `[admin]`, but always on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Admin {
+    /// `host:port` of the admin listener. Default `127.0.0.1:9091`.
+    pub listen: String,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9091".into(),
+        }
+    }
+}
+
 /// Listeners and process settings (handed to pingora's `ServerConf`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -51,8 +72,6 @@ pub struct Server {
     /// single-threaded runtime per thread (false: cheaper per request, no balancing).
     /// Default false.
     pub work_stealing: bool,
-    /// Loopback admin listener: `/metrics`, `/healthz`, `/readyz`. Default `127.0.0.1:9091`.
-    pub admin_listen: String,
     /// Accept HTTP/2 with prior knowledge (h2c) on the plain listeners. Default false.
     pub h2c: bool,
     /// Answer the hot refusals of plain HTTP/1.1 requests (banned IP, per-IP or route
@@ -84,8 +103,6 @@ pub struct Server {
     pub graceful_shutdown_timeout_secs: u64,
     /// One structured (tracing) line per request. Default true.
     pub access_log: bool,
-    /// Log lines as JSON instead of text. Default false.
-    pub json_logs: bool,
 }
 
 impl Default for Server {
@@ -94,7 +111,6 @@ impl Default for Server {
             listen: vec!["127.0.0.1:8080".into()],
             threads: 1,
             work_stealing: false,
-            admin_listen: "127.0.0.1:9091".into(),
             h2c: false,
             fast_lane: true,
             tls_listen: String::new(),
@@ -105,7 +121,6 @@ impl Default for Server {
             grace_period_secs: 1,
             graceful_shutdown_timeout_secs: 5,
             access_log: true,
-            json_logs: false,
         }
     }
 }
@@ -492,6 +507,11 @@ fn check_tls_files(cert_path: &str, key_path: &str) -> Result<(), FieldError> {
 }
 
 impl Validate for Config {
+    const RENAMED: &'static [(&'static str, &'static str)] = &[
+        ("server.admin_listen", "admin.listen"),
+        ("server.json_logs", "log.json"),
+    ];
+
     fn validate(&self) -> Result<(), FieldError> {
         let s = &self.server;
         ensure(
@@ -503,7 +523,7 @@ impl Validate for Config {
             check_addr(a, &format!("server.listen[{i}]"))?;
         }
         ensure_range(s.threads, 1..=256, "server.threads")?;
-        check_addr(&s.admin_listen, "server.admin_listen")?;
+        check_addr(&self.admin.listen, "admin.listen")?;
         if !s.tls_listen.is_empty() {
             check_addr(&s.tls_listen, "server.tls_listen")?;
             ensure(
@@ -699,8 +719,8 @@ impl Validate for Config {
 }
 
 /// Loads and validates a file with `GATEWAY__*` overrides.
-pub fn load(path: &std::path::Path) -> Result<Config, seckill_proto::config::ConfigError> {
-    seckill_proto::config::load(path, ENV_PREFIX)
+pub fn load(path: &std::path::Path) -> Result<Config, seckill_daemon::config::ConfigError> {
+    seckill_daemon::config::load(path, ENV_PREFIX)
 }
 
 #[cfg(test)]
@@ -719,8 +739,8 @@ jwt_secret = "0123456789abcdef0123"
 purchase_token_secret = "fedcba9876543210fedc"
 "#;
 
-    fn load(text: &str) -> Result<Config, seckill_proto::config::ConfigError> {
-        seckill_proto::config::load_str(text, "g.toml", ENV_PREFIX, Vec::new())
+    fn load(text: &str) -> Result<Config, seckill_daemon::config::ConfigError> {
+        seckill_daemon::config::load_str(text, "g.toml", ENV_PREFIX, Vec::new())
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         "gateway admin".to_string(),
         admin::Admin::new(shared.clone()),
     );
-    admin.add_tcp(&config.server.admin_listen);
+    admin.add_tcp(&config.admin.listen);
     server.add_service(admin);
 
     server.add_service(background_service(
@@ -146,7 +146,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         listen = ?config.server.listen,
         h2c = config.server.h2c,
         tls_listen = %config.server.tls_listen,
-        admin = %config.server.admin_listen,
+        admin = %config.admin.listen,
         "gateway starting"
     );
     server.run_forever()

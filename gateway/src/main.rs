@@ -41,7 +41,7 @@ fn main() {
         println!("{}: ok", flags.config.display());
         return;
     }
-    seckill_proto::telemetry::init(config.server.json_logs);
+    seckill_daemon::telemetry::init(config.log.json);
     let opts = gateway::RunOpts {
         config_path: flags.config,
         upgrade: flags.upgrade,

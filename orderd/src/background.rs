@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use seckill_daemon::shutdown::Shutdown;
 use seckill_lua::ReservationId;
-use seckill_proto::shutdown::Shutdown;
 
 use crate::db::{Db, OutboxRow};
 use crate::error::{Error, Result};

@@ -1,5 +1,5 @@
 //! orderd's config file (`deploy/local/orderd.toml`), loaded by
-//! [`seckill_proto::config::load`]: TOML, then `ORDERD__SECTION__FIELD` environment
+//! [`seckill_daemon::config::load`]: TOML, then `ORDERD__SECTION__FIELD` environment
 //! overrides, then [`Validate`]. Unknown keys are errors. Every field is documented
 //! with its meaning, unit and default; `docs/orderd.md` repeats them.
 
@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
-use seckill_proto::config::{
-    ensure, ensure_host_port, ensure_nodes, ensure_range, ConfigError, FieldError, Validate,
+use seckill_daemon::config::{
+    ensure, ensure_host_port, ensure_nodes, ensure_range, AdminSection, ConfigError, FieldError,
+    LogSection, Validate,
 };
 
 /// Environment override prefix: `ORDERD__MYSQL__URL=mysql://...`.
@@ -22,7 +23,7 @@ pub struct Config {
     pub grpc: GrpcConfig,
     /// The loopback admin port (`/metrics`, `/healthz`). Optional; default none.
     #[serde(default)]
-    pub admin: AdminConfig,
+    pub admin: AdminSection,
     /// Redis Cluster endpoints and timeouts.
     pub redis: RedisConfig,
     /// MySQL (MariaDB), the record of orders and stock.
@@ -37,7 +38,7 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// Logging.
     #[serde(default)]
-    pub log: LogConfig,
+    pub log: LogSection,
 }
 
 /// `[grpc]`.
@@ -63,16 +64,6 @@ pub struct GrpcConfig {
     pub watch_poll_ms: u64,
 }
 
-/// `[admin]`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Listen address of `/metrics` and `/healthz`, `host:port` (keep it on
-    /// loopback). Default: none (no admin port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub listen: Option<String>,
-}
-
 /// `[redis]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -94,8 +85,8 @@ pub struct MysqlConfig {
     /// `mysql://user:password@host:port/database`. Required; never logged.
     pub url: String,
     /// Largest number of pooled connections. Default 16.
-    #[serde(default = "default_pool_max")]
-    pub pool_max: u32,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
     /// How long to wait for a pooled connection (and to connect), in ms. Default 2000.
     #[serde(default = "default_acquire_timeout_ms")]
     pub acquire_timeout_ms: u64,
@@ -180,15 +171,6 @@ pub struct OutboxConfig {
     pub relay_batch: u32,
 }
 
-/// `[log]`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogConfig {
-    /// JSON lines instead of text. Default false.
-    #[serde(default)]
-    pub json: bool,
-}
-
 fn default_grpc_listen() -> String {
     "127.0.0.1:50052".into()
 }
@@ -207,7 +189,7 @@ fn default_redis_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     2000
 }
-fn default_pool_max() -> u32 {
+fn default_max_connections() -> u32 {
     16
 }
 fn default_acquire_timeout_ms() -> u64 {
@@ -281,7 +263,7 @@ impl Default for OutboxConfig {
 impl Config {
     /// Loads `path` with `ORDERD__*` overrides from the environment, validated.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        seckill_proto::config::load(path, ENV_PREFIX)
+        seckill_daemon::config::load(path, ENV_PREFIX)
     }
 
     /// Loads from text (tests), with overrides from `env`.
@@ -290,7 +272,7 @@ impl Config {
         origin: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        seckill_proto::config::load_str(text, origin, ENV_PREFIX, env)
+        seckill_daemon::config::load_str(text, origin, ENV_PREFIX, env)
     }
 
     /// A config for tests: port 0 (the caller binds), the given Redis nodes, MySQL
@@ -304,7 +286,7 @@ impl Config {
                 watch_max_secs: 60,
                 watch_poll_ms: 100,
             },
-            admin: AdminConfig::default(),
+            admin: AdminSection::default(),
             redis: RedisConfig {
                 nodes: redis_nodes,
                 timeout_ms: 2000,
@@ -312,7 +294,7 @@ impl Config {
             },
             mysql: MysqlConfig {
                 url: mysql_url.into(),
-                pool_max: 16,
+                max_connections: 16,
                 acquire_timeout_ms: 2000,
             },
             consumer: ConsumerConfig {
@@ -335,7 +317,7 @@ impl Config {
                 relay_interval_ms: 50,
                 relay_batch: 200,
             },
-            log: LogConfig::default(),
+            log: LogSection::default(),
         }
     }
 
@@ -363,6 +345,9 @@ impl Config {
 }
 
 impl Validate for Config {
+    const RENAMED: &'static [(&'static str, &'static str)] =
+        &[("mysql.pool_max", "mysql.max_connections")];
+
     fn validate(&self) -> Result<(), FieldError> {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
         ensure(
@@ -384,9 +369,7 @@ impl Validate for Config {
             "must be at least 1",
         )?;
         ensure_range(self.grpc.watch_poll_ms, 10..=60_000, "grpc.watch_poll_ms")?;
-        if let Some(listen) = &self.admin.listen {
-            ensure_host_port(listen, "admin.listen")?;
-        }
+        self.admin.validate()?;
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
         ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
         ensure_range(
@@ -399,7 +382,11 @@ impl Validate for Config {
             "mysql.url",
             "must start with mysql://",
         )?;
-        ensure_range(self.mysql.pool_max, 1..=1000, "mysql.pool_max")?;
+        ensure_range(
+            self.mysql.max_connections,
+            1..=1000,
+            "mysql.max_connections",
+        )?;
         ensure(
             self.mysql.acquire_timeout_ms >= 1,
             "mysql.acquire_timeout_ms",
@@ -505,6 +492,24 @@ callback_secret = "0123456789abcdef"
         assert_eq!(
             e.to_string(),
             "o.toml: payment.callback_secret: must be at least 16 bytes"
+        );
+    }
+
+    #[test]
+    fn the_old_pool_max_is_refused_naming_max_connections() {
+        let text = GOOD.replace("[mysql]\n", "[mysql]\npool_max = 4\n");
+        let e = Config::load_str(&text, "o.toml", []).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "o.toml: mysql.pool_max: renamed: write `mysql.max_connections` instead"
+        );
+        let text = GOOD.replace("[mysql]\n", "[mysql]\nmax_connections = 4\n");
+        assert_eq!(
+            Config::load_str(&text, "o.toml", [])
+                .unwrap()
+                .mysql
+                .max_connections,
+            4
         );
     }
 

@@ -22,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use seckill_daemon::shutdown::Shutdown;
 use seckill_lua::keys;
-use seckill_proto::shutdown::Shutdown;
 use tokio::task::JoinSet;
 
 use crate::config::ConsumerConfig;

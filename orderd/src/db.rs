@@ -87,7 +87,7 @@ impl Db {
     pub fn connect_lazy(cfg: &MysqlConfig) -> Result<Self> {
         let opts = MySqlConnectOptions::from_str(&cfg.url)?;
         let pool = MySqlPoolOptions::new()
-            .max_connections(cfg.pool_max)
+            .max_connections(cfg.max_connections)
             .acquire_timeout(Duration::from_millis(cfg.acquire_timeout_ms))
             .connect_lazy_with(opts);
         Ok(Self { pool })

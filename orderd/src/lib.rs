@@ -29,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use seckill_daemon::shutdown::{drain, Shutdown};
 use seckill_proto::auth::ServiceToken;
 use seckill_proto::pb::order_service_server::OrderServiceServer;
-use seckill_proto::shutdown::{drain, Shutdown};
 use tokio::net::TcpListener;
 
 pub use config::Config;
@@ -96,7 +96,7 @@ pub async fn run_with_metrics(
         shutdown.clone(),
     ));
     if let Some(admin) = admin {
-        loops.spawn(seckill_proto::admin_http::serve(
+        loops.spawn(seckill_daemon::admin_http::serve(
             admin,
             metrics.registry.clone(),
             shutdown.clone(),
@@ -109,7 +109,7 @@ pub async fn run_with_metrics(
         config: config.clone(),
     };
     let svc = service::OrderSvc::new(orders, shutdown.clone());
-    let (health, router) = seckill_proto::serve::router();
+    let (health, router) = seckill_daemon::serve::router();
     let router = router.add_service(OrderServiceServer::with_interceptor(
         svc,
         ServiceToken::new(&config.grpc.service_token),
@@ -119,7 +119,7 @@ pub async fn run_with_metrics(
             tonic::service::interceptor::InterceptedService<service::OrderSvc, ServiceToken>,
         >>()
         .await;
-    let served = seckill_proto::serve::run(router, grpc, shutdown.clone()).await;
+    let served = seckill_daemon::serve::run(router, grpc, shutdown.clone()).await;
 
     let drain_for = Duration::from_millis(config.grpc.drain_ms);
     drain("orderd background loops", drain_for, async {

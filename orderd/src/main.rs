@@ -1,4 +1,4 @@
-//! The `orderd` binary: the shared daemon start-up ([`seckill_proto::daemon`]: `-c`, `-t`,
+//! The `orderd` binary: the shared daemon start-up ([`seckill_daemon::start`]: `-c`, `-t`,
 //! `--migrate`, tracing, listeners) around [`orderd::run`].
 
 use std::process::ExitCode;
@@ -9,11 +9,11 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    seckill_proto::daemon::main(
+    seckill_daemon::start::main(
         "orderd",
         "Order daemon of the seckill platform: orders, payment, timeouts, dead letters.",
         orderd::Config::load,
-        |c| seckill_proto::daemon::Endpoints {
+        |c| seckill_daemon::start::Endpoints {
             grpc: &c.grpc.listen,
             admin: c.admin.listen.as_deref(),
             mysql_url: &c.mysql.url,

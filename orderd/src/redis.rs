@@ -14,6 +14,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::streams::{XPendingArgs, XID};
 use fred::types::Value;
+use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
 use seckill_lua::scripts::{self, Script};
@@ -46,6 +47,7 @@ pub enum Release {
 #[derive(Clone)]
 pub struct Redis {
     client: Client,
+    scripts: Scripts,
 }
 
 impl std::fmt::Debug for Redis {
@@ -56,34 +58,25 @@ impl std::fmt::Debug for Redis {
 
 impl Redis {
     /// Connects to the cluster (retrying forever in the background after the first
-    /// connection). Scripts are called by SHA; on `NOSCRIPT` the body is sent once
-    /// with `EVAL`, which caches it on that node.
+    /// connection). Scripts are called by SHA, reloaded on `NOSCRIPT`.
     pub async fn connect(cfg: &RedisConfig) -> Result<Self> {
-        let hosts: Vec<(String, u16)> = cfg
-            .nodes
-            .iter()
-            .filter_map(|n| {
-                let (h, p) = n.rsplit_once(':')?;
-                Some((h.to_string(), p.parse().ok()?))
-            })
-            .collect();
-        let config = Config {
-            server: ServerConfig::new_clustered(hosts),
-            ..Config::default()
+        // Stream reads, acks and claims are idempotent; a lost connection retries them.
+        let retries = Retries {
+            command_attempts: 3,
+            reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
         };
-        let timeout = Duration::from_millis(cfg.timeout_ms);
-        let connect = Duration::from_millis(cfg.connect_timeout_ms);
-        let client = Builder::from_config(config)
-            .with_performance_config(|p| p.default_command_timeout = timeout)
-            .with_connection_config(|c| {
-                c.connection_timeout = connect;
-                c.internal_command_timeout = connect;
-                c.max_command_attempts = 3;
-            })
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2000, 2))
-            .build()?;
+        let client = seckill_daemon::redis::builder(
+            &cfg.nodes,
+            Duration::from_millis(cfg.timeout_ms),
+            Duration::from_millis(cfg.connect_timeout_ms),
+            retries,
+        )
+        .build()?;
         client.init().await?;
-        Ok(Self { client })
+        Ok(Self {
+            client,
+            scripts: Scripts::new(),
+        })
     }
 
     /// The underlying client (tests and tools).
@@ -97,17 +90,11 @@ impl Redis {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value> {
-        match self
-            .client
-            .evalsha::<Value, _, _, _>(script.sha1(), keys.clone(), args.clone())
-            .await
-        {
-            // EVAL runs it on the keys' node and caches it there for the next EVALSHA.
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                Ok(self.client.eval(script.body, keys, args).await?)
-            }
-            other => Ok(other?),
-        }
+        Ok(self
+            .scripts
+            .eval(&self.client, script, keys, args)
+            .await?
+            .value)
     }
 
     /// The RELEASE script for `rid` held by `user`: drop the buyer record if it still

@@ -8,10 +8,10 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use seckill_daemon::shutdown::Shutdown;
 use seckill_lua::ReservationId;
 use seckill_proto::pb;
 use seckill_proto::pb::order_service_server::OrderService;
-use seckill_proto::shutdown::Shutdown;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 

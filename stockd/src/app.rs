@@ -10,7 +10,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::redis::Redis;
-use seckill_proto::shutdown::Shutdown;
+use seckill_daemon::shutdown::Shutdown;
 
 /// Shared state of one stockd process.
 pub struct App {

@@ -1,13 +1,14 @@
 //! stockd's config file (`deploy/local/stockd.toml`), loaded by
-//! [`seckill_proto::config::load`]: TOML, then `STOCKD__SECTION__FIELD` environment
+//! [`seckill_daemon::config::load`]: TOML, then `STOCKD__SECTION__FIELD` environment
 //! overrides, then [`Validate`]. Unknown keys are errors.
 
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
 
-use seckill_proto::config::{
-    ensure, ensure_host_port, ensure_nodes, ensure_range, ConfigError, FieldError, Validate,
+use seckill_daemon::config::{
+    ensure, ensure_host_port, ensure_nodes, ensure_range, AdminSection, ConfigError, FieldError,
+    LogSection, Validate,
 };
 
 /// Environment override prefix: `STOCKD__REDIS__TIMEOUT_MS=500`.
@@ -21,7 +22,7 @@ pub struct Config {
     pub grpc: GrpcConfig,
     /// The loopback admin port (`/metrics`, `/healthz`). Optional; default none.
     #[serde(default)]
-    pub admin: AdminConfig,
+    pub admin: AdminSection,
     /// Redis Cluster endpoints and timeouts.
     pub redis: RedisConfig,
     /// MySQL (MariaDB), the record of activities, stock and orders.
@@ -31,7 +32,7 @@ pub struct Config {
     pub stock: StockConfig,
     /// Logging.
     #[serde(default)]
-    pub log: LogConfig,
+    pub log: LogSection,
 }
 
 /// `[grpc]`.
@@ -74,16 +75,6 @@ impl GrpcConfig {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         (cores / 2).max(1)
     }
-}
-
-/// `[admin]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Listen address of `/metrics` and `/healthz`, `host:port` (keep it on
-    /// loopback). Default: none (no admin port).
-    #[serde(default)]
-    pub listen: Option<String>,
 }
 
 /// `[redis]`.
@@ -154,15 +145,6 @@ pub struct StockConfig {
     pub recompute_at_start: bool,
 }
 
-/// `[log]`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogConfig {
-    /// JSON lines instead of text. Default false. Level: `RUST_LOG` (default info).
-    #[serde(default)]
-    pub json: bool,
-}
-
 fn default_grpc_listen() -> String {
     "127.0.0.1:50051".into()
 }
@@ -219,7 +201,7 @@ impl Default for StockConfig {
 impl Config {
     /// Reads, overrides from `STOCKD__*` variables, and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        seckill_proto::config::load(path, ENV_PREFIX)
+        seckill_daemon::config::load(path, ENV_PREFIX)
     }
 
     /// Parses `text` (named `origin` in errors) with overrides from `env`; for tests.
@@ -228,7 +210,7 @@ impl Config {
         origin: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        seckill_proto::config::load_str(text, origin, ENV_PREFIX, env)
+        seckill_daemon::config::load_str(text, origin, ENV_PREFIX, env)
     }
 
     /// A valid config for tests: listeners are passed to [`crate::run`], so the listen
@@ -242,7 +224,7 @@ impl Config {
                 drain_ms: 2000,
                 worker_threads: 0,
             },
-            admin: AdminConfig::default(),
+            admin: AdminSection::default(),
             redis: RedisConfig {
                 nodes: redis_nodes,
                 // Generous: debug builds on a shared 2-core machine under thousands
@@ -261,7 +243,7 @@ impl Config {
                 schedule_poll_ms: 200,
                 ..StockConfig::default()
             },
-            log: LogConfig::default(),
+            log: LogSection::default(),
         }
     }
 
@@ -292,9 +274,7 @@ impl Validate for Config {
             "must be at most 600000",
         )?;
         ensure_range(self.grpc.worker_threads, 0..=256, "grpc.worker_threads")?;
-        if let Some(listen) = &self.admin.listen {
-            ensure_host_port(listen, "admin.listen")?;
-        }
+        self.admin.validate()?;
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
         ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
         ensure_range(

@@ -34,10 +34,10 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use seckill_daemon::shutdown::{drain, Shutdown};
 use seckill_proto::auth::ServiceToken;
 use seckill_proto::pb::admin_service_server::AdminServiceServer;
 use seckill_proto::pb::stock_service_server::StockServiceServer;
-use seckill_proto::shutdown::{drain, Shutdown};
 
 pub use config::Config;
 pub use metrics::Metrics;
@@ -82,14 +82,14 @@ pub async fn run_with_metrics(
     let refresh = tokio::spawn(app.clone().refresh_loop());
     let fences = tokio::spawn(app.clone().fence_loop());
     let admin_task = admin.map(|l| {
-        tokio::spawn(seckill_proto::admin_http::serve(
+        tokio::spawn(seckill_daemon::admin_http::serve(
             l,
             metrics.registry.clone(),
             shutdown.clone(),
         ))
     });
 
-    let (health, router) = seckill_proto::serve::router();
+    let (health, router) = seckill_daemon::serve::router();
     let router = router
         .add_service(StockServiceServer::with_interceptor(
             service::StockSvc { app: app.clone() },
@@ -123,7 +123,7 @@ pub async fn run_with_metrics(
     }
     tracing::info!(addr = ?grpc.local_addr().ok(), "stockd serving");
 
-    let server = tokio::spawn(seckill_proto::serve::run(router, grpc, shutdown.clone()));
+    let server = tokio::spawn(seckill_daemon::serve::run(router, grpc, shutdown.clone()));
     shutdown.clone().wait().await;
     tracing::info!("stockd shutting down");
     let served = drain("grpc calls", drain_for, server).await;

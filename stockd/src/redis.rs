@@ -1,13 +1,15 @@
-//! The Redis side: a pool of fred cluster clients, the Lua scripts (loaded on every
-//! primary at start, called by SHA, reloaded on `NOSCRIPT`), and a deadline on every
-//! call so a slow or dead node answers UNAVAILABLE instead of hanging.
+//! The Redis side: a pool of fred cluster clients (built by `seckill_daemon::redis`),
+//! the Lua scripts (loaded on every primary at start, called by SHA, reloaded on
+//! `NOSCRIPT` by `seckill_daemon::redis::Scripts`), and a deadline on every call so a
+//! slow or dead node answers UNAVAILABLE instead of hanging.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::config::{ConnectionConfig, PerformanceConfig, ReconnectPolicy};
+use fred::types::config::ReconnectPolicy;
 use fred::types::Value;
+use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::scripts::Script;
 
 use crate::config::RedisConfig;
@@ -20,8 +22,8 @@ pub struct Redis {
     pool: Pool,
     timeout: Duration,
     metrics: Metrics,
-    /// (script, sha1) pairs, precomputed.
-    shas: HashMap<&'static str, String>,
+    /// Every script's SHA1, and the call that reloads them on `NOSCRIPT`.
+    scripts: Scripts,
 }
 
 impl Redis {
@@ -29,37 +31,16 @@ impl Redis {
     /// first connection, and returns anyway (calls then fail with UNAVAILABLE until
     /// Redis is reachable).
     pub async fn connect(cfg: &RedisConfig, metrics: Metrics) -> anyhow::Result<Self> {
-        let hosts = cfg
-            .nodes
-            .iter()
-            .map(|n| {
-                let (h, p) = n.rsplit_once(':').expect("validated host:port");
-                (h.to_string(), p.parse::<u16>().expect("validated port"))
-            })
-            .collect::<Vec<_>>();
-        let config = Config {
-            server: ServerConfig::new_clustered(hosts),
-            ..Config::default()
-        };
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
-        let pool = Builder::from_config(config)
-            .with_performance_config(|p: &mut PerformanceConfig| {
-                p.default_command_timeout = timeout;
-            })
-            .with_connection_config(|c: &mut ConnectionConfig| {
-                c.connection_timeout = connect_timeout;
-                c.internal_command_timeout = connect_timeout;
-                // One write per command: a GIVE written twice after a dropped
-                // connection would create units. Reserve is idempotent by request
-                // id, so the caller's retry is the safe retry.
-                c.max_command_attempts = 1;
-                c.tcp = fred::types::config::TcpConfig {
-                    nodelay: Some(true),
-                    ..Default::default()
-                };
-            })
-            .set_policy(ReconnectPolicy::new_constant(0, 100))
+        // One write per command: a GIVE written twice after a dropped connection would
+        // create units. Reserve is idempotent by request id, so the caller's retry is
+        // the safe retry.
+        let retries = Retries {
+            command_attempts: 1,
+            reconnect: ReconnectPolicy::new_constant(0, 100),
+        };
+        let pool = seckill_daemon::redis::builder(&cfg.nodes, timeout, connect_timeout, retries)
             .build_pool(cfg.pool_size)?;
         pool.connect();
         match tokio::time::timeout(connect_timeout, pool.wait_for_connect()).await {
@@ -67,15 +48,11 @@ impl Redis {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis not reachable yet"),
             Err(_) => tracing::warn!("redis not reachable yet (connect timeout)"),
         }
-        let shas = seckill_lua::scripts::ALL
-            .iter()
-            .map(|s| (s.name, s.sha1()))
-            .collect();
         let redis = Self {
             pool,
             timeout,
             metrics,
-            shas,
+            scripts: Scripts::new(),
         };
         if let Err(e) = redis.load_scripts().await {
             tracing::warn!(error = %e, "cannot load scripts yet; will load on first NOSCRIPT");
@@ -85,11 +62,7 @@ impl Redis {
 
     /// `SCRIPT LOAD` of every script on every primary.
     pub async fn load_scripts(&self) -> Result<()> {
-        for s in seckill_lua::scripts::ALL {
-            self.deadline(self.client().script_load_cluster::<(), _>(s.body))
-                .await?;
-        }
-        Ok(())
+        self.deadline(self.scripts.load(self.client())).await
     }
 
     /// One client of the pool (round robin).
@@ -132,47 +105,27 @@ impl Redis {
         }
     }
 
-    /// `EVALSHA` of `script`, loading it again when the node answers `NOSCRIPT`
-    /// (a restarted node, a new primary after failover).
+    /// `EVALSHA` of `script` under the deadline, loading the scripts again when the
+    /// node answers `NOSCRIPT` (a restarted node, a new primary after failover).
     pub async fn eval(
         &self,
         script: &Script,
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value> {
-        let sha = self.shas[script.name].as_str();
         let started = Instant::now();
-        let first = tokio::time::timeout(
-            self.timeout,
-            self.client()
-                .evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone()),
-        )
-        .await;
-        let out = match first {
-            Ok(Err(e))
-                if e.details().starts_with("NOSCRIPT") || e.to_string().contains("NOSCRIPT") =>
-            {
-                self.metrics
-                    .redis_errors
-                    .with_label_values(&["noscript"])
-                    .inc();
-                tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
-                self.load_scripts().await?;
-                self.deadline(self.client().evalsha::<Value, _, _, _>(sha, keys, args))
-                    .await
-            }
-            Ok(r) => self.deadline(async { r }).await,
-            Err(_) => {
-                self.metrics
-                    .redis_errors
-                    .with_label_values(&["timeout"])
-                    .inc();
-                Err(Error::RedisTimeout(self.timeout.as_millis() as u64))
-            }
-        };
+        let out = self
+            .deadline(self.scripts.eval(self.client(), script, keys, args))
+            .await;
+        if matches!(&out, Ok(e) if e.reloaded) {
+            self.metrics
+                .redis_errors
+                .with_label_values(&["noscript"])
+                .inc();
+        }
         self.metrics
             .observe_lua(script.name, started.elapsed().as_secs_f64());
-        out
+        out.map(|e| e.value)
     }
 
     /// `GET` of an integer key; a missing key is `None`.

@@ -163,13 +163,15 @@ pub fn base_config(
 [server]
 listen = ["127.0.0.1:{port}"]
 threads = 1
-admin_listen = "127.0.0.1:{admin_port}"
 h2c = true
 pid_file = "{d}/gateway.pid"
 upgrade_sock = "{d}/upgrade.sock"
 grace_period_secs = 0
 graceful_shutdown_timeout_secs = 1
 access_log = true
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
 
 [redis]
 nodes = [{nodes}]
@@ -338,8 +340,8 @@ fn restart_on_fresh_ports(h: &mut GatewayHandle, attempt: u32) {
     );
     set(
         &mut h.config,
-        "server",
-        "admin_listen",
+        "admin",
+        "listen",
         format!("127.0.0.1:{}", h.admin_port),
     );
     h.child = spawn_child(&h.config, h.dir.path());

@@ -184,7 +184,7 @@ impl TestDb {
             .connect(&format!("{server_url}/{name}"))
             .await
             .expect("connect to the test database");
-        seckill_proto::migrator()
+        seckill_daemon::migrator()
             .run(&pool)
             .await
             .expect("migrations");

@@ -10,10 +10,10 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::Value;
 use orderd::Config;
+use seckill_daemon::shutdown::{Shutdown, Trigger};
 use seckill_lua::{keys, scripts, ActivityId, ItemId};
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb::order_service_client::OrderServiceClient;
-use seckill_proto::shutdown::{Shutdown, Trigger};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
+use seckill_daemon::shutdown::{Shutdown, Trigger};
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb;
 use seckill_proto::pb::admin_service_client::AdminServiceClient;
 use seckill_proto::pb::stock_service_client::StockServiceClient;
-use seckill_proto::shutdown::{Shutdown, Trigger};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 

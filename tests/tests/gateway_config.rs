@@ -34,7 +34,7 @@ fn the_shipped_config_passes_gateway_t() {
     // And through the library, with env overrides applied the same way.
     let c = gateway::config::load(&repo_file("deploy/local/gateway.toml")).unwrap();
     assert_eq!(c.server.listen, vec!["127.0.0.1:8080"]);
-    assert_eq!(c.server.admin_listen, "127.0.0.1:9091");
+    assert_eq!(c.admin.listen, "127.0.0.1:9091");
     assert_eq!(c.upstreams.service_token, "local-dev-service-token");
 }
 
@@ -68,6 +68,24 @@ fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
     let (ok, text) = check(&dir.path().join("missing.toml"));
     assert!(!ok);
     assert!(text.contains("missing.toml"), "{text}");
+}
+
+#[test]
+fn an_old_spelling_of_a_common_section_fails_gateway_t_naming_the_new_key() {
+    let shipped = std::fs::read_to_string(repo_file("deploy/local/gateway.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (old, new) in [
+        ("admin_listen = \"127.0.0.1:9091\"", "admin.listen"),
+        ("json_logs = false", "log.json"),
+    ] {
+        let broken = shipped.replace("[server]\n", &format!("[server]\n{old}\n"));
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, broken).unwrap();
+        let (ok, text) = check(&path);
+        assert!(!ok, "accepted the old spelling {old}");
+        assert_eq!(text.trim().lines().count(), 1, "{text}");
+        assert!(text.contains(&format!("write `{new}` instead")), "{text}");
+    }
 }
 
 #[test]

@@ -51,7 +51,7 @@ async fn a_three_master_cluster_comes_up_serves_every_slot_and_goes_away() {
 async fn migrations_apply_on_an_empty_database_and_again_as_a_no_op() {
     let db = TestDb::create().await;
     // A second run is a no-op.
-    seckill_proto::migrator().run(db.pool()).await.unwrap();
+    seckill_daemon::migrator().run(db.pool()).await.unwrap();
     let tables: Vec<(String,)> = sqlx::query_as(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() ORDER BY table_name",
     )

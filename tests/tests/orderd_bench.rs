@@ -54,7 +54,7 @@ async fn drain(
     let orderd = spawn_orderd_with(cluster, db, |c| {
         c.consumer.batch_size = batch_size;
         c.consumer.discovery_interval_ms = 20;
-        c.mysql.pool_max = 16;
+        c.mysql.max_connections = 16;
     })
     .await;
     // Progress from orderd's own counter (orders created), not COUNT(*) on a

@@ -1,10 +1,10 @@
 //! One way for every daemon to serve health and reflection next to its own services.
 //!
 //! ```ignore
-//! let (health, router) = seckill_proto::serve::router();
+//! let (health, router) = seckill_daemon::serve::router();
 //! let router = router.add_service(StockServiceServer::with_interceptor(svc, token));
 //! health.set_serving::<StockServiceServer<Svc>>().await;
-//! seckill_proto::serve::run(router, listener, shutdown).await?;
+//! seckill_daemon::serve::run(router, listener, shutdown).await?;
 //! ```
 
 use tokio::net::TcpListener;
@@ -20,12 +20,12 @@ use crate::shutdown::Shutdown;
 pub fn router() -> (HealthReporter, Router) {
     let (reporter, health) = tonic_health::server::health_reporter();
     let v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(seckill_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .expect("the embedded descriptor sets are valid");
     let v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(seckill_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .expect("the embedded descriptor sets are valid");
@@ -53,7 +53,8 @@ mod tests {
     #[test]
     fn the_descriptor_set_names_every_service() {
         use prost::Message;
-        let fds = prost_types::FileDescriptorSet::decode(crate::FILE_DESCRIPTOR_SET).unwrap();
+        let fds =
+            prost_types::FileDescriptorSet::decode(seckill_proto::FILE_DESCRIPTOR_SET).unwrap();
         let services: Vec<String> = fds
             .file
             .iter()

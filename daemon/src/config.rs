@@ -13,8 +13,42 @@ use std::path::{Path, PathBuf};
 
 /// Checks that go beyond types: ranges, relations between fields, non-empty secrets.
 pub trait Validate {
+    /// Keys this config once spelled differently, as (old dotted path, new dotted path).
+    /// A file or an environment override that still uses an old key is refused with an
+    /// error naming the new one, rather than the bare "unknown field".
+    const RENAMED: &'static [(&'static str, &'static str)] = &[];
+
     /// The first problem found, naming the field by its dotted path.
     fn validate(&self) -> Result<(), FieldError>;
+}
+
+/// `[admin]`, the same in every daemon: the loopback port serving `/metrics` and
+/// `/healthz`.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    /// `host:port` of the admin listener; omit to disable it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+}
+
+impl AdminSection {
+    /// `admin.listen`, when given, is `host:port`.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        match &self.listen {
+            Some(l) => ensure_host_port(l, "admin.listen"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `[log]`, the same in every daemon.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// JSON lines instead of text. Default false. Level: `RUST_LOG` (default info).
+    #[serde(default)]
+    pub json: bool,
 }
 
 /// A problem with one field.
@@ -135,6 +169,11 @@ pub fn load_str<T: DeserializeOwned + Validate>(
                 problem: one_line(&e.to_string()),
             })?;
     apply_env(&mut table, &path, env_prefix, env)?;
+    refuse_renamed(&table, T::RENAMED).map_err(|e| ConfigError::Field {
+        path: path.clone(),
+        field: e.field,
+        problem: e.problem,
+    })?;
     let value: T = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
         let field = e.path().to_string();
         let problem = one_line(&e.inner().to_string());
@@ -207,6 +246,27 @@ fn apply_env(
     Ok(())
 }
 
+/// The first old spelling in `renamed` that `table` still uses.
+fn refuse_renamed(table: &toml::Table, renamed: &[(&str, &str)]) -> Result<(), FieldError> {
+    for (old, new) in renamed {
+        let mut parts = old.split('.').peekable();
+        let mut cursor = table;
+        while let Some(key) = parts.next() {
+            match (cursor.get(key), parts.peek()) {
+                (Some(_), None) => {
+                    return Err(FieldError::new(
+                        *old,
+                        format!("renamed: write `{new}` instead"),
+                    ))
+                }
+                (Some(toml::Value::Table(t)), Some(_)) => cursor = t,
+                _ => break,
+            }
+        }
+    }
+    Ok(())
+}
+
 fn parse_env_value(raw: &str) -> toml::Value {
     format!("v = {raw}")
         .parse::<toml::Table>()
@@ -242,6 +302,9 @@ mod tests {
     }
 
     impl Validate for Conf {
+        const RENAMED: &'static [(&'static str, &'static str)] =
+            &[("redis.timeout", "redis.timeout_ms"), ("old_name", "name")];
+
         fn validate(&self) -> Result<(), FieldError> {
             ensure(!self.name.is_empty(), "name", "must not be empty")?;
             ensure(
@@ -287,11 +350,30 @@ mod tests {
 
     #[test]
     fn an_unknown_key_is_an_error_naming_the_key() {
-        let e = load_conf("name = \"a\"\n[redis]\ntimeout = 5\n", &[])
+        let e = load_conf("name = \"a\"\n[redis]\ntime_out = 5\n", &[])
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("x.toml: redis"), "{e}");
-        assert!(e.contains("unknown field `timeout`"), "{e}");
+        assert!(e.contains("unknown field `time_out`"), "{e}");
+    }
+
+    #[test]
+    fn an_old_spelling_is_refused_naming_the_new_key() {
+        let e = load_conf("name = \"a\"\n[redis]\ntimeout = 5\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "x.toml: redis.timeout: renamed: write `redis.timeout_ms` instead"
+        );
+        let e = load_conf("old_name = \"a\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "x.toml: old_name: renamed: write `name` instead");
+        let e = load_conf("name = \"a\"\n", &[("APP__REDIS__TIMEOUT", "5")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write `redis.timeout_ms` instead"), "{e}");
     }
 
     #[test]

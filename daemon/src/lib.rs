@@ -1,0 +1,34 @@
+//! The plumbing every seckill daemon shares, so stockd, orderd and the gateway load,
+//! serve, log and stop the same way.
+//!
+//! Layout:
+//! - [`config`]: TOML file, then environment overrides, then validation, with errors
+//!   that name the file and the field; the common sections (`[grpc] [admin] [redis]
+//!   [mysql] [log]`) spelled once.
+//! - [`serve`]: one way for every gRPC daemon to serve `grpc.health.v1` and server
+//!   reflection (v1 and v1alpha, so ghz and grpcurl need no `.proto` files).
+//! - [`shutdown`]: SIGINT/SIGTERM as a cloneable signal for servers and loops.
+//! - [`telemetry`]: tracing set-up (text or JSON lines).
+//! - [`admin_http`]: the loopback admin port (`/metrics`, `/healthz`).
+//! - [`start`] (feature `db`): the start-up of the gRPC daemons (flags, config, bind),
+//!   and [`migrator`] (feature `db`): the MySQL schema shared by stockd and orderd.
+//! - [`redis`] (feature `redis`): the one Redis Cluster client builder and the one
+//!   `EVALSHA`-with-reload every daemon calls its scripts through.
+#![forbid(unsafe_code)]
+
+pub mod admin_http;
+pub mod config;
+#[cfg(feature = "redis")]
+pub mod redis;
+pub mod serve;
+pub mod shutdown;
+#[cfg(feature = "db")]
+pub mod start;
+pub mod telemetry;
+
+/// The MySQL schema (`daemon/migrations`), applied by `--migrate` and by the harness.
+/// Idempotent: applying it twice changes nothing.
+#[cfg(feature = "db")]
+pub fn migrator() -> sqlx::migrate::Migrator {
+    sqlx::migrate!("./migrations")
+}
