@@ -22,9 +22,10 @@ pub struct Jwt {
     validation: Validation,
 }
 
-/// A user id is 1..=64 printable ASCII bytes (the Redis contract's limit).
+/// A user id follows the one rule of the Redis contract (`seckill_lua::user`): an id
+/// the edge accepts is one stockd and orderd accept too.
 pub fn valid_user_id(u: &str) -> bool {
-    !u.is_empty() && u.len() <= seckill_lua::MAX_ID_LEN && u.bytes().all(|b| b.is_ascii_graphic())
+    seckill_lua::user::check_id(u).is_ok()
 }
 
 impl Jwt {
@@ -165,12 +166,7 @@ mod tests {
         .unwrap()
     }
 
-    fn now_ms() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-    }
+    use seckill_lua::clock::unix_ms as now_ms;
 
     #[test]
     fn an_issued_token_names_its_user() {

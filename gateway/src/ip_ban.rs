@@ -236,10 +236,7 @@ impl pingora::listeners::ConnectionFilter for ConnectionBan {
         if lists.trusted.iter().any(|n| n.contains(&ip)) || lists.allowed(ip) {
             return true;
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now = seckill_lua::clock::unix_ms();
         !(lists.denied(ip) || self.0.bans.is_banned(ip, now))
     }
 }

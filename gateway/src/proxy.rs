@@ -163,12 +163,7 @@ pub struct Answered<'a> {
     pub error: &'a str,
 }
 
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use seckill_lua::clock::unix_ms;
 
 /// What a filter sees.
 pub struct Cx<'a> {

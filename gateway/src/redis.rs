@@ -20,6 +20,7 @@ use fred::prelude::*;
 use fred::types::config::ReconnectPolicy;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use seckill_lua::clock::unix_ms;
 use seckill_lua::keys;
 use seckill_lua::messages::{BanChange, SoldOut};
 use std::collections::HashMap;
@@ -41,13 +42,6 @@ impl Feeds {
             announce: Mutex::new(Some(announce)),
         }
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// A fred client for the configured nodes.

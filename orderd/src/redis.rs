@@ -15,9 +15,9 @@ use fred::prelude::*;
 use fred::types::streams::{XPendingArgs, XID};
 use fred::types::Value;
 use seckill_daemon::redis::{Retries, Scripts};
+use seckill_lua::calls::{Call, ReleaseCall};
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
-use seckill_lua::scripts::{self, Script};
 use seckill_lua::{ActivityId, ItemId, ReservationId, Shard};
 
 use crate::config::RedisConfig;
@@ -34,14 +34,8 @@ pub struct Entry {
     pub fields: HashMap<String, String>,
 }
 
-/// What the release script said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    /// The buyer record named this reservation and is gone; `left` units in the shard.
-    Released { left: i64 },
-    /// No buyer record names this reservation (already released, or re-bought).
-    NotHeld,
-}
+/// What the release script said (`Released { left }` or `NotHeld`).
+pub use seckill_lua::calls::Released as Release;
 
 /// A cheap, cloneable handle on the cluster.
 #[derive(Clone)]
@@ -84,15 +78,12 @@ impl Redis {
         &self.client
     }
 
-    async fn evalsha(
-        &self,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<String>,
-    ) -> Result<Value> {
+    /// One typed script call (`seckill_lua::calls`), by SHA, reloaded on `NOSCRIPT`.
+    async fn call<C: Call>(&self, call: C) -> Result<Value> {
+        let (keys, args) = call.into_parts();
         Ok(self
             .scripts
-            .eval(&self.client, script, keys, args)
+            .eval(&self.client, &C::SCRIPT, keys, args)
             .await?
             .value)
     }
@@ -106,18 +97,7 @@ impl Redis {
         return_unit: bool,
     ) -> Result<Release> {
         let reply = self
-            .evalsha(
-                &scripts::RELEASE,
-                vec![
-                    keys::stock(rid.activity, rid.shard, rid.item),
-                    keys::buyers(rid.activity, rid.shard, rid.item),
-                ],
-                vec![
-                    user.to_string(),
-                    rid.to_string(),
-                    if return_unit { "1" } else { "0" }.to_string(),
-                ],
-            )
+            .call(ReleaseCall::new(rid, user, return_unit))
             .await?
             .into_array();
         let outcome = reply
@@ -125,11 +105,8 @@ impl Redis {
             .and_then(|v| v.as_string())
             .unwrap_or_default();
         let left = reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1);
-        match outcome.as_str() {
-            "RELEASED" => Ok(Release::Released { left }),
-            "NOT_HELD" => Ok(Release::NotHeld),
-            other => Err(Error::Internal(format!("release answered {other:?}"))),
-        }
+        Release::from_reply(&outcome, left)
+            .ok_or_else(|| Error::Internal(format!("release answered {outcome:?}")))
     }
 
     /// Units came back: clear the sold-out flag of `(a, s)` and announce it.

@@ -37,17 +37,13 @@ fn order_id(s: &str) -> Result<ReservationId, Error> {
         .map_err(|e: seckill_lua::ids::BadReservationId| Error::invalid("order_id", e.to_string()))
 }
 
+/// `user_id` under the one id rule (`seckill_lua::user`); empty is "not given" when
+/// the call does not require it.
 fn user_id(s: &str, required: bool) -> Result<Option<&str>, Error> {
-    if s.len() > seckill_lua::MAX_ID_LEN {
-        return Err(Error::invalid("user_id", "longer than 64 bytes"));
+    if s.is_empty() && !required {
+        return Ok(None);
     }
-    if s.is_empty() {
-        return if required {
-            Err(Error::invalid("user_id", "must not be empty"))
-        } else {
-            Ok(None)
-        };
-    }
+    seckill_lua::user::check_id(s).map_err(|e| Error::invalid("user_id", e.to_string()))?;
     Ok(Some(s))
 }
 
@@ -56,10 +52,6 @@ fn change(c: Change, row: OrderRow) -> pb::OrderChange {
         outcome: c.to_pb() as i32,
         order: Some(row.to_pb()),
     }
-}
-
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::Order, Status>> + Send>>;
@@ -226,7 +218,7 @@ impl OrderService for OrderSvc {
                 &r.provider_ref,
                 r.timestamp_ms,
                 &r.signature,
-                now_ms(),
+                seckill_lua::clock::now_ms(),
             )
             .await?;
         Ok(Response::new(change(c, row)))

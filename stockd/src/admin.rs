@@ -13,15 +13,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use seckill_lua::calls::{WarmCall, Warmed};
+use seckill_lua::clock::now_ms;
 use seckill_lua::ids::epoch_from_millis;
 use seckill_lua::messages::BanChange;
-use seckill_lua::{keys, scripts, split_stock};
+use seckill_lua::{keys, split_stock};
 use seckill_proto::pb;
 
 use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::db;
-use crate::domain::{now_ms, NewActivity};
+use crate::domain::NewActivity;
 use crate::error::{invalid, Error, Result};
 
 impl App {
@@ -98,14 +100,15 @@ impl App {
         let epoch = epoch_from_millis(now_ms().max(0) as u64);
         let mut wrote = false;
         for i in 0..shards {
-            let mut ks = vec![keys::fence(a, i)];
-            let mut args = vec![epoch.clone(), "0".to_string()];
+            let mut warm = WarmCall::new(a, i, &epoch, false);
             for rec in &records {
-                ks.push(keys::stock(a, i, rec.item_id));
-                args.push(split_stock(u64::from(rec.stock), shards)[i as usize].to_string());
+                warm.push(
+                    rec.item_id,
+                    split_stock(u64::from(rec.stock), shards)[i as usize],
+                );
             }
-            let r = self.redis.eval(&scripts::WARM, ks, args).await?;
-            wrote |= r.as_i64() == Some(1);
+            let r = self.redis.call(warm).await?;
+            wrote |= r.as_i64().map(Warmed::from_reply) == Some(Warmed::Wrote);
         }
         self.write_meta(activity).await?;
         Ok(wrote)

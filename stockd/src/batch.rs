@@ -13,79 +13,19 @@
 //! a call already queued: the unit is then held under its request id, and the
 //! client's retry with the same request id gets it back (RETRY), as before batching.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use seckill_lua::scripts::{self, reserve_outcome, ReserveCall};
+use seckill_lua::calls::{reserve_outcome, ReserveCall};
+use seckill_lua::clock::now_ms;
 use seckill_lua::ReservationId;
 use tokio::sync::oneshot;
 
 use crate::app::App;
-use crate::catalog::{ActivityEntry, HighWater};
-use crate::domain::{now_ms, RequestId, UserId};
+use crate::catalog::ActivityEntry;
+use crate::domain::{RequestId, UserId};
 use crate::error::{Error, Result};
 use crate::redis::{array, int, text};
-
-/// One answer of the reserve script for one reservation.
-#[derive(Debug)]
-pub(crate) enum Script {
-    Reserved(String, i64),
-    Retry(String, i64),
-    Duplicate(String, i64),
-    SoldOut,
-    Lost,
-    /// Redis lost writes: the shard's sequence (second) is below the high-water mark
-    /// (first) the call was made with, under the same epoch.
-    Behind(HighWater, u64),
-}
-
-/// A reservation waiting for its shard's next call.
-struct Pending {
-    item: u64,
-    user: String,
-    request: String,
-    answer: oneshot::Sender<Result<Script>>,
-}
-
-/// The queue of one shard.
-#[derive(Default)]
-pub struct ShardQueue {
-    state: Mutex<QueueState>,
-}
-
-#[derive(Default)]
-struct QueueState {
-    waiting: Vec<Pending>,
-    /// A driver task is running this shard's calls.
-    running: bool,
-}
-
-impl std::fmt::Debug for ShardQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let st = self.lock();
-        f.debug_struct("ShardQueue")
-            .field("waiting", &st.waiting.len())
-            .field("running", &st.running)
-            .finish()
-    }
-}
-
-impl ShardQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Resets `running` if the driver unwinds, so a bug cannot wedge a shard: the
-/// reservations it held are answered UNAVAILABLE (their senders drop).
-struct Unwind<'a>(&'a ShardQueue);
-
-impl Drop for Unwind<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.lock().running = false;
-        }
-    }
-}
+use crate::shard::{HighWater, Pending, Script, Unwind};
 
 impl App {
     /// Reserves `item` for `user` on `shard` through the shard's queue.
@@ -105,8 +45,8 @@ impl App {
             let mut st = queue.lock();
             st.waiting.push(Pending {
                 item,
-                user: user.as_str().to_string(),
-                request: request.as_str().to_string(),
+                user: user.clone(),
+                request: request.clone(),
                 answer: tx,
             });
             !std::mem::replace(&mut st.running, true)
@@ -160,11 +100,7 @@ impl App {
                 p.answer
             })
             .collect();
-        let answer = self
-            .redis
-            .eval(&scripts::RESERVE, call.keys, call.args)
-            .await
-            .and_then(array);
+        let answer = self.redis.call(call).await.and_then(array);
         let parts = match answer {
             Ok(parts) if parts.len() == 3 * answers.len() => parts,
             Ok(parts) => {

@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use seckill_proto::pb;
 
-use crate::batch::ShardQueue;
+use crate::shard::{HighWater, ShardQueue, ShardState};
 
 /// One item of a published activity.
 #[derive(Debug)]
@@ -19,16 +19,6 @@ pub struct ItemEntry {
     pub total: u32,
     /// SOLD_OUT answers given by this process while another shard still held units.
     pub false_sold_out: AtomicU64,
-}
-
-/// The highest reservation sequence this process has seen handed out in one shard,
-/// with the epoch (fence value) it was handed out under. Redis never hands out a lower
-/// one under the same epoch unless it lost writes; the reserve script and the fence
-/// check compare against it.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HighWater {
-    pub epoch: String,
-    pub seq: u64,
 }
 
 /// One published activity.
@@ -42,10 +32,8 @@ pub struct ActivityEntry {
     pub recomputing: AtomicBool,
     /// Rotating start of the donor scan, so rebalancing spreads over shards.
     pub rotation: AtomicU32,
-    /// Per shard: the highest sequence seen handed out (see [`HighWater`]).
-    high_water: Vec<Mutex<HighWater>>,
-    /// Per shard: reservations waiting for the shard's next reserve call.
-    queues: Vec<ShardQueue>,
+    /// Per shard: the high-water mark and the reservation queue.
+    shard_state: Vec<ShardState>,
 }
 
 impl ActivityEntry {
@@ -69,11 +57,8 @@ impl ActivityEntry {
             available: AtomicBool::new(available),
             recomputing: AtomicBool::new(false),
             rotation: AtomicU32::new(0),
-            high_water: (0..activity_shards(&activity))
-                .map(|_| Mutex::new(HighWater::default()))
-                .collect(),
-            queues: (0..activity_shards(&activity))
-                .map(|_| ShardQueue::default())
+            shard_state: (0..activity_shards(&activity))
+                .map(|_| ShardState::default())
                 .collect(),
             activity,
         }
@@ -85,48 +70,29 @@ impl ActivityEntry {
     pub fn shards(&self) -> u32 {
         activity_shards(&self.activity)
     }
+    /// Shard `shard`'s state, `None` past the activity's shard count.
+    fn shard(&self, shard: u32) -> Option<&ShardState> {
+        self.shard_state.get(shard as usize)
+    }
     /// Shard `shard`'s reservation queue.
     pub fn queue(&self, shard: u32) -> Option<&ShardQueue> {
-        self.queues.get(shard as usize)
+        self.shard(shard).map(ShardState::queue)
     }
 
     /// Shard `i`'s high-water mark (default when none seen yet).
     pub fn high_water(&self, shard: u32) -> HighWater {
-        self.high_water
-            .get(shard as usize)
-            .map(|m| m.lock().expect("high-water lock").clone())
+        self.shard(shard)
+            .map(ShardState::high_water)
             .unwrap_or_default()
     }
-    /// Redis showed `found` as shard `i`'s sequence, read after `seen` was taken from
-    /// this mark. When the mark still holds `seen`'s epoch and `seen` is above `found`,
-    /// Redis lost writes: clears the mark and returns the size of the gap, so the gap is
-    /// reported once. (Comparing with a mark taken *before* the read matters: the mark
-    /// moves on with every reservation, and one taken after the read would be ahead of
-    /// a healthy Redis.)
+    /// See [`ShardState::take_behind`].
     pub fn take_behind(&self, shard: u32, seen: &HighWater, found: u64) -> Option<u64> {
-        let m = self.high_water.get(shard as usize)?;
-        let mut hw = m.lock().expect("high-water lock");
-        if hw.epoch == seen.epoch && seen.seq > found {
-            let gap = hw.seq.max(seen.seq) - found;
-            *hw = HighWater::default();
-            return Some(gap);
-        }
-        None
+        self.shard(shard)?.take_behind(seen, found)
     }
-    /// Records that Redis handed out `seq` under `epoch` in `shard`. A newer epoch
-    /// (a recompute opened the shard again) replaces the mark.
+    /// See [`ShardState::saw`].
     pub fn saw(&self, shard: u32, epoch: &str, seq: u64) {
-        let Some(m) = self.high_water.get(shard as usize) else {
-            return;
-        };
-        let mut hw = m.lock().expect("high-water lock");
-        if hw.epoch == epoch {
-            hw.seq = hw.seq.max(seq);
-        } else if epoch_newer(epoch, &hw.epoch) {
-            *hw = HighWater {
-                epoch: epoch.to_string(),
-                seq,
-            };
+        if let Some(s) = self.shard(shard) {
+            s.saw(epoch, seq);
         }
     }
     pub fn start_ms(&self) -> i64 {
@@ -146,12 +112,6 @@ impl ActivityEntry {
 
 fn activity_shards(a: &pb::Activity) -> u32 {
     a.shard_count.max(1)
-}
-
-/// Epochs are base-36 millisecond times without leading zeros: longer is newer, and
-/// equal lengths compare as text.
-fn epoch_newer(a: &str, b: &str) -> bool {
-    (a.len(), a) > (b.len(), b)
 }
 
 /// Published activities by id.

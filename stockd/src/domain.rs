@@ -2,57 +2,17 @@
 //! ids, activity specs. Every check names the request field it refuses.
 
 use crate::error::{invalid, Result};
-use seckill_lua::MAX_ID_LEN;
 
-/// A user id or request id: 1..=64 bytes, printable (no control characters), no `|`
-/// (the buyer record separator) and no whitespace.
-fn check_id(field: &str, s: &str) -> Result<()> {
-    if s.is_empty() {
-        return Err(invalid(field, "must not be empty"));
-    }
-    if s.len() > MAX_ID_LEN {
-        return Err(invalid(
-            field,
-            format!("must be at most {MAX_ID_LEN} bytes (got {})", s.len()),
-        ));
-    }
-    if s.chars()
-        .any(|c| c.is_control() || c.is_whitespace() || c == '|')
-    {
-        return Err(invalid(
-            field,
-            "must be printable, without whitespace or '|'",
-        ));
-    }
-    Ok(())
+pub use seckill_lua::{RequestId, UserId};
+
+/// `s` as a user id (the rule is `seckill_lua::user`), refused naming `field`.
+pub fn user_id(field: &str, s: &str) -> Result<UserId> {
+    UserId::parse(s).map_err(|e| invalid(field, e.to_string()))
 }
 
-/// A validated user id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserId(String);
-
-impl UserId {
-    pub fn parse(field: &str, s: &str) -> Result<Self> {
-        check_id(field, s)?;
-        Ok(Self(s.to_string()))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// A validated request id (the idempotency key of Reserve).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestId(String);
-
-impl RequestId {
-    pub fn parse(field: &str, s: &str) -> Result<Self> {
-        check_id(field, s)?;
-        Ok(Self(s.to_string()))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+/// `s` as a request id (the rule is `seckill_lua::user`), refused naming `field`.
+pub fn request_id(field: &str, s: &str) -> Result<RequestId> {
+    RequestId::parse(s).map_err(|e| invalid(field, e.to_string()))
 }
 
 /// A positive id (activity or item).
@@ -180,20 +140,16 @@ impl NewActivity {
 }
 
 /// Wall clock, unix ms.
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn ids_must_be_short_printable_and_free_of_the_separator() {
-        assert!(UserId::parse("user_id", "alice-1").is_ok());
-        assert!(UserId::parse("user_id", &"x".repeat(64)).is_ok());
+        assert!(user_id("user_id", "alice-1").is_ok());
+        assert!(request_id("request_id", &"x".repeat(64)).is_ok());
         for bad in ["", "a|b", "a b", "a\nb", &"x".repeat(65)] {
-            let e = UserId::parse("user_id", bad).unwrap_err().to_string();
+            let e = user_id("user_id", bad).unwrap_err().to_string();
             assert!(e.starts_with("user_id: "), "{e}");
         }
     }

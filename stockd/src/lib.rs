@@ -1,6 +1,6 @@
 //! stockd: activities and items, warm-up, stock sharded over a Redis Cluster, the
 //! one-call atomic reservation, release, rebalancing, sold-out publication,
-//! recompute from MySQL, and the admin API (DESIGN.md, issue 3).
+//! recompute from MySQL, and the admin API (DESIGN.md).
 //!
 //! Layout:
 //! - [`config`]: the TOML config and its validation.
@@ -8,6 +8,7 @@
 //! - [`redis`]: the fred cluster pool, scripts by SHA, deadlines.
 //! - [`db`]: MySQL (activities, items, active orders).
 //! - [`catalog`]: published activities in memory (window checks without Redis).
+//! - [`shard`]: per-shard state: the high-water mark and the group-commit queue.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
 //!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, fence check) and
 //!   [`admin`] (create, publish, status, reconcile, bans).
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod recompute;
 pub mod redis;
 pub mod service;
+pub mod shard;
 pub mod stock;
 
 use std::time::Duration;
@@ -107,7 +109,7 @@ pub async fn run_with_metrics(
     {
         let (app, shutdown) = (app.clone(), shutdown.clone());
         tokio::spawn(async move {
-            while !app.catalog.is_ready(domain::now_ms()) {
+            while !app.catalog.is_ready(seckill_lua::clock::now_ms()) {
                 if shutdown.is_fired() {
                     return;
                 }

@@ -25,15 +25,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use seckill_lua::calls::WarmCall;
+use seckill_lua::clock::now_ms;
 use seckill_lua::ids::epoch_from_millis;
 use seckill_lua::messages::entry;
-use seckill_lua::{home_shard, keys, scripts, split_stock, ReservationId};
+use seckill_lua::{home_shard, keys, split_stock, ReservationId};
 
 use crate::app::App;
-use crate::catalog::{ActivityEntry, HighWater};
+use crate::catalog::ActivityEntry;
 use crate::db;
-use crate::domain::now_ms;
 use crate::error::Result;
+use crate::shard::HighWater;
 
 /// What a recompute found and wrote, per item.
 #[derive(Debug, Clone, Default)]
@@ -194,20 +196,16 @@ impl App {
         // 5. Write and open each shard under a new epoch.
         let epoch = epoch_from_millis(now_ms().max(0) as u64);
         for i in 0..shards {
-            let mut warm_keys = vec![keys::fence(a, i)];
-            let mut warm_args = vec![epoch.clone(), "1".to_string()];
+            let mut warm = WarmCall::new(a, i, &epoch, true);
             for rec in &records {
                 let s = rec.item_id;
                 self.redis.del(keys::buyers(a, i, s)).await?;
                 if let Some(b) = buyers[i as usize].remove(&s) {
                     self.redis.hset(keys::buyers(a, i, s), b).await?;
                 }
-                warm_keys.push(keys::stock(a, i, s));
-                warm_args.push(counts[&s][i as usize].to_string());
+                warm.push(s, counts[&s][i as usize]);
             }
-            self.redis
-                .eval(&scripts::WARM, warm_keys, warm_args)
-                .await?;
+            self.redis.call(warm).await?;
         }
         for r in &report {
             if r.stock == 0 {

@@ -10,6 +10,7 @@ use fred::prelude::*;
 use fred::types::config::ReconnectPolicy;
 use fred::types::Value;
 use seckill_daemon::redis::{Retries, Scripts};
+use seckill_lua::calls::Call;
 use seckill_lua::scripts::Script;
 
 use crate::config::RedisConfig;
@@ -126,6 +127,12 @@ impl Redis {
         self.metrics
             .observe_lua(script.name, started.elapsed().as_secs_f64());
         out.map(|e| e.value)
+    }
+
+    /// One typed script call (`seckill_lua::calls`) through [`Self::eval`].
+    pub async fn call<C: Call>(&self, call: C) -> Result<Value> {
+        let (keys, args) = call.into_parts();
+        self.eval(&C::SCRIPT, keys, args).await
     }
 
     /// `GET` of an integer key; a missing key is `None`.

@@ -12,7 +12,7 @@ use seckill_proto::pb::{
 };
 
 use crate::app::App;
-use crate::domain::{positive_id, RequestId, UserId};
+use crate::domain::{positive_id, request_id, user_id};
 use crate::error::invalid;
 use crate::stock::{Release, Reserve};
 
@@ -41,8 +41,8 @@ impl StockService for StockSvc {
         let r = req.into_inner();
         let a = positive_id("activity_id", r.activity_id)?;
         let s = positive_id("item_id", r.item_id)?;
-        let user = UserId::parse("user_id", &r.user_id)?;
-        let request = RequestId::parse("request_id", &r.request_id)?;
+        let user = user_id("user_id", &r.user_id)?;
+        let request = request_id("request_id", &r.request_id)?;
         let (outcome, window) = self.app.reserve(a, s, &user, &request).await?;
         let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
         use pb::ReserveOutcome as O;
@@ -76,7 +76,7 @@ impl StockService for StockSvc {
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let r = req.into_inner();
-        let user = UserId::parse("user_id", &r.user_id)?;
+        let user = user_id("user_id", &r.user_id)?;
         if r.reservation_id.is_empty() {
             return Err(invalid("reservation_id", "must not be empty").into());
         }

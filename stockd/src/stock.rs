@@ -14,17 +14,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use seckill_lua::calls::{GiveCall, MoveReply, ReleaseCall, Released, TakeCall};
+use seckill_lua::clock::now_ms;
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
-use seckill_lua::scripts;
 use seckill_lua::{home_shard, ReservationId};
 
 use crate::app::App;
-use crate::batch::Script;
 use crate::catalog::ActivityEntry;
-use crate::domain::{now_ms, RequestId, UserId};
+use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
 use crate::redis::{array, int, text};
+use crate::shard::Script;
 
 /// What Reserve answers. Business outcomes, not errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,31 +288,17 @@ impl App {
         home: u32,
     ) -> Result<Step> {
         let a = entry.id();
-        let batch = self.config.stock.rebalance_batch.to_string();
-        let taken = int(&self
-            .redis
-            .eval(
-                &scripts::TAKE,
-                vec![keys::fence(a, donor), keys::stock(a, donor, item)],
-                vec![batch],
-            )
-            .await?)?;
-        if taken < 0 {
-            self.trigger_recompute(&entry, "fence missing at take");
-            return Ok(Step::Lost);
-        }
-        if taken == 0 {
-            return Ok(Step::Empty);
-        }
-        let given = int(&self
-            .redis
-            .eval(
-                &scripts::GIVE,
-                vec![keys::fence(a, home), keys::stock(a, home, item)],
-                vec![taken.to_string()],
-            )
-            .await?)?;
-        if given < 0 {
+        let take = TakeCall::new(a, donor, item, self.config.stock.rebalance_batch);
+        let taken = match MoveReply::from_reply(int(&self.redis.call(take).await?)?) {
+            MoveReply::FenceMissing => {
+                self.trigger_recompute(&entry, "fence missing at take");
+                return Ok(Step::Lost);
+            }
+            MoveReply::Units(0) => return Ok(Step::Empty),
+            MoveReply::Units(n) => n,
+        };
+        let give = GiveCall::new(a, home, item, taken);
+        if MoveReply::from_reply(int(&self.redis.call(give).await?)?) == MoveReply::FenceMissing {
             // The units are lost (undersell) until the recompute restores them.
             self.trigger_recompute(&entry, "fence missing at give");
             return Ok(Step::Lost);
@@ -402,24 +389,21 @@ impl App {
                 ));
             }
         }
-        let (a, s, i) = (rid.activity, rid.item, rid.shard);
+        let (a, s) = (rid.activity, rid.item);
         let parts = array(
             self.redis
-                .eval(
-                    &scripts::RELEASE,
-                    vec![keys::stock(a, i, s), keys::buyers(a, i, s)],
-                    vec![
-                        user.as_str().to_string(),
-                        reservation.to_string(),
-                        "1".into(),
-                    ],
-                )
+                .call(ReleaseCall::new(&rid, user.as_str(), true))
                 .await?,
         )?;
-        let outcome = match parts.first().map(text).as_deref() {
-            Some("RELEASED") => Release::Released,
-            Some("NOT_HELD") => Release::NotHeld,
-            other => return Err(Error::Internal(format!("release answered {other:?}"))),
+        let outcome = parts
+            .first()
+            .map(text)
+            .zip(parts.get(1).map(int).transpose()?)
+            .and_then(|(outcome, left)| Released::from_reply(&outcome, left));
+        let outcome = match outcome {
+            Some(Released::Released { .. }) => Release::Released,
+            Some(Released::NotHeld) => Release::NotHeld,
+            None => return Err(Error::Internal(format!("release answered {parts:?}"))),
         };
         self.metrics
             .releases

@@ -11,7 +11,8 @@ use fred::prelude::*;
 use fred::types::Value;
 use orderd::Config;
 use seckill_daemon::shutdown::{Shutdown, Trigger};
-use seckill_lua::{keys, scripts, ActivityId, ItemId};
+use seckill_lua::calls::{ReserveCall, WarmCall};
+use seckill_lua::{keys, ActivityId, ItemId};
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb::order_service_client::OrderServiceClient;
 use tonic::service::interceptor::InterceptedService;
@@ -243,13 +244,11 @@ pub async fn seed_activity(
         .map(|(stock, _)| seckill_lua::split_stock(u64::from(*stock), shards))
         .collect();
     for i in 0..shards {
-        let mut k = vec![keys::fence(activity, i)];
-        let mut args = vec![epoch.clone(), "0".to_string()];
+        let mut warm = WarmCall::new(activity, i, &epoch, false);
         for (n, id) in ids.iter().enumerate() {
-            k.push(keys::stock(activity, i, *id));
-            args.push(splits[n][i as usize].to_string());
+            warm.push(*id, splits[n][i as usize]);
         }
-        let _: Value = eval(redis, &scripts::WARM, k, args).await;
+        crate::redis::call(redis, warm).await;
     }
     let mut meta: Vec<(String, String)> = vec![
         (keys::meta::TITLE.into(), "test sale".into()),
@@ -307,9 +306,13 @@ pub async fn reserve_direct(
     req: &str,
 ) -> Reserved {
     let h = seckill_lua::home_shard(user, shards);
-    let mut call = scripts::ReserveCall::new(a, h, chrono_now_ms(), "", 0, 1);
-    call.push(s, user, req);
-    let reply: Value = eval(redis, &scripts::RESERVE, call.keys, call.args).await;
+    let mut call = ReserveCall::new(a, h, chrono_now_ms(), "", 0, 1);
+    call.push(
+        s,
+        crate::redis::user_id(user),
+        crate::redis::request_id(req),
+    );
+    let reply = crate::redis::call(redis, call).await;
     let parts = reply.into_array();
     Reserved {
         outcome: parts
@@ -329,25 +332,6 @@ pub async fn redis_stock(redis: &Client, a: ActivityId, s: ItemId, shards: u32) 
         total += n.unwrap_or(0);
     }
     total
-}
-
-/// EVALSHA, falling back to EVAL on NOSCRIPT.
-pub async fn eval(
-    redis: &Client,
-    script: &scripts::Script,
-    keys: Vec<String>,
-    args: Vec<String>,
-) -> Value {
-    match redis
-        .evalsha::<Value, _, _, _>(script.sha1(), keys.clone(), args.clone())
-        .await
-    {
-        Err(e) if e.details().starts_with("NOSCRIPT") => redis
-            .eval(script.body, keys, args)
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", script.name)),
-        other => other.unwrap_or_else(|e| panic!("{}: {e}", script.name)),
-    }
 }
 
 /// Orders in MySQL by status.
@@ -387,10 +371,7 @@ pub async fn wait_orders(db: &TestDb, n: i64, timeout: Duration) {
     .await;
 }
 
-/// Unix ms now.
+/// Unix ms now (the contract's clock).
 pub fn chrono_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    seckill_lua::clock::now_ms()
 }

@@ -277,3 +277,27 @@ fn try_cli(port: u16, args: &[&str]) -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// `s` as a user id for a script call a test builds (panics on an id the rule refuses).
+pub fn user_id(s: &str) -> seckill_lua::UserId {
+    seckill_lua::UserId::parse(s).unwrap_or_else(|e| panic!("user id {s:?}: {e}"))
+}
+
+/// `s` as a request id for a script call a test builds.
+pub fn request_id(s: &str) -> seckill_lua::RequestId {
+    seckill_lua::RequestId::parse(s).unwrap_or_else(|e| panic!("request id {s:?}: {e}"))
+}
+
+/// One typed script call (`seckill_lua::calls`) as the daemons send it: by SHA, with
+/// the scripts loaded again on `NOSCRIPT` (`seckill_daemon::redis::Scripts`).
+pub async fn call<C: seckill_lua::calls::Call>(
+    redis: &fred::clients::Client,
+    call: C,
+) -> fred::types::Value {
+    let (keys, args) = call.into_parts();
+    seckill_daemon::redis::Scripts::new()
+        .eval(redis, &C::SCRIPT, keys, args)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", C::SCRIPT.name))
+        .value
+}

@@ -151,10 +151,7 @@ pub async fn create_published_activity_with(
     start_in: Duration,
     length: Duration,
 ) -> pb::Activity {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as i64;
+    let now = seckill_lua::clock::now_ms();
     let start = if start_in.is_zero() {
         now - 1000
     } else {

@@ -97,12 +97,7 @@ fn code(a: &Answer) -> &str {
     a.body["error"]["code"].as_str().unwrap_or("")
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
+use seckill_lua::clock::unix_ms;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_buy_then_pay_flow_goes_through_the_edge() {

@@ -539,9 +539,4 @@ async fn an_http2_connection_outlives_the_read_deadline_and_its_slow_parts_do_no
     }
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
+use seckill_lua::clock::unix_ms;

@@ -15,10 +15,7 @@ use seckill_tests::{init_tracing, RedisCluster, TestDb};
 const HOUR: Duration = Duration::from_secs(3600);
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
+    seckill_lua::clock::now_ms()
 }
 
 fn spec(stock: u32) -> pb::ItemSpec {

@@ -34,9 +34,11 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use futures::future::BoxFuture;
+use seckill_lua::calls::ReserveCall;
 use seckill_lua::home_shard;
-use seckill_lua::scripts::{self, ReserveCall};
+use seckill_lua::scripts;
 use seckill_proto::pb;
+use seckill_tests::redis::{request_id, user_id};
 use seckill_tests::stockd::{
     create_published_activity_with, spawn_stockd_process_with, stock_client, StockdProcess,
 };
@@ -348,12 +350,9 @@ async fn anchor_case(
                 let user = format!("{tag}{w}-{seq}");
                 Box::pin(async move {
                     let shard = home_shard(&user, 8);
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap()
-                        .as_millis() as i64;
+                    let now = seckill_lua::clock::now_ms();
                     let mut call = ReserveCall::new(a, shard, now, "", 0, 1);
-                    call.push(s, &user, "r");
+                    call.push(s, user_id(&user), request_id("r"));
                     let r: Result<Vec<fred::types::Value>, _> =
                         redis.evalsha(sha, call.keys, call.args).await;
                     matches!(r, Ok(v) if v.first().and_then(|x| x.as_str().map(|s| s == "RESERVED")).unwrap_or(false))

@@ -7,9 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use fred::prelude::*;
-use seckill_lua::scripts::{self, ReserveCall};
+use seckill_lua::calls::ReserveCall;
+use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::redis::{request_id, user_id};
 use seckill_tests::stockd::{create_published_activity, shard_stock, spawn_stockd, StockClient};
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
@@ -328,7 +330,7 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
         (s, "carol", "r5"), // the last unit of s
         (s, "dave", "r6"),  // none left
     ] {
-        call.push(item, user, req);
+        call.push(item, user_id(user), request_id(req));
     }
     let got = reserve_call(&redis, call).await;
     let outcomes: Vec<&str> = got.iter().map(|g| g.0.as_str()).collect();
@@ -406,9 +408,9 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     // an item whose stock key is gone answers LOST for its reservation alone.
     let _: i64 = redis.del(keys::stock(a, 0, s)).await.unwrap();
     let mut call = ReserveCall::new(a, 0, now, &epoch, seq, 3);
-    call.push(s, "alice", "r1");
-    call.push(s, "erin", "r9");
-    call.push(t, "erin", "r10");
+    call.push(s, user_id("alice"), request_id("r1"));
+    call.push(s, user_id("erin"), request_id("r9"));
+    call.push(t, user_id("erin"), request_id("r10"));
     let got2 = reserve_call(&redis, call).await;
     assert_eq!(got2[0], ("RETRY".into(), got[0].1.clone(), 0));
     assert_eq!(got2[1], ("LOST".into(), String::new(), -1));
@@ -420,8 +422,8 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
 
     // A high-water mark above the shard's sequence: BEHIND for all, nothing written.
     let mut call = ReserveCall::new(a, 0, now, &epoch, seq + 5, 2);
-    call.push(t, "erin", "r7");
-    call.push(t, "frank", "r8");
+    call.push(t, user_id("erin"), request_id("r7"));
+    call.push(t, user_id("frank"), request_id("r8"));
     let got = reserve_call(&redis, call).await;
     assert_eq!(
         got,
@@ -433,8 +435,8 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     // The fence gone: LOST for all, nothing written.
     let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
     let mut call = ReserveCall::new(a, 0, now, "", 0, 2);
-    call.push(t, "erin", "r7");
-    call.push(t, "frank", "r8");
+    call.push(t, user_id("erin"), request_id("r7"));
+    call.push(t, user_id("frank"), request_id("r8"));
     let got = reserve_call(&redis, call).await;
     assert!(got.iter().all(|g| g.0 == "LOST"), "{got:?}");
     assert_eq!(shard_stock(&redis, a, t, 1).await, [3]);

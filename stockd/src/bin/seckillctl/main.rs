@@ -140,10 +140,6 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let json_out = cli.json;
     match &cli.cmd {
@@ -152,14 +148,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let create = match cmd {
                 ActivityCmd::Create { file, .. } => Some(
                     activity_file::ActivityFile::load(file)?
-                        .to_request(now_ms())
+                        .to_request(seckill_lua::clock::now_ms())
                         .with_context(|| file.display().to_string())?,
                 ),
                 _ => None,
             };
             let publish_at = match cmd {
                 ActivityCmd::Publish { at: Some(at), .. } => {
-                    activity_file::parse_time("--at", at, now_ms())?
+                    activity_file::parse_time("--at", at, seckill_lua::clock::now_ms())?
                 }
                 _ => 0,
             };

@@ -204,10 +204,7 @@ pub struct EdgeActivity {
 }
 
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    seckill_lua::clock::now_ms()
 }
 
 fn parse_activity(v: &Value) -> anyhow::Result<EdgeActivity> {

@@ -1,0 +1,377 @@
+//! Typed calls of every script: each call type builds the KEYS and ARGV its script
+//! reads (in the order the script's header documents), and each outcome type reads
+//! its answer. Nothing outside this crate builds a key list or an argument list.
+//!
+//! A daemon sends a call with [`Call::into_parts`] through its `EVALSHA` (see
+//! `seckill_daemon::redis::Scripts`) and reads the answer with the outcome's
+//! `from_*` function: this crate does not depend on a Redis client, so answers come
+//! in as plain integers and strings.
+
+use crate::ids::ReservationId;
+use crate::keys;
+use crate::scripts::{Script, GIVE, RELEASE, RESERVE, TAKE, WARM};
+use crate::user::{RequestId, UserId};
+use crate::{ActivityId, ItemId, Shard};
+
+/// One call of one script.
+pub trait Call {
+    /// The script this call runs.
+    const SCRIPT: Script;
+    /// KEYS and ARGV, moved out.
+    fn into_parts(self) -> (Vec<String>, Vec<String>);
+}
+
+/// The KEYS and ARGV of one call of the reserve script: one shard, one or more
+/// reservations (see `scripts/reserve.lua`; the answer has three fields per
+/// reservation, in the order they were pushed).
+#[derive(Debug, Clone)]
+pub struct ReserveCall {
+    activity: ActivityId,
+    shard: Shard,
+    pub keys: Vec<String>,
+    pub args: Vec<String>,
+}
+
+impl ReserveCall {
+    /// A call on shard `shard` of activity `activity` at `now_ms`. `epoch` and
+    /// `high_water` arm the lost-write check (the script answers BEHIND when the
+    /// shard's sequence is below `high_water` under `epoch`); an empty `epoch` skips it.
+    pub fn new(
+        activity: ActivityId,
+        shard: Shard,
+        now_ms: i64,
+        epoch: &str,
+        high_water: u64,
+        capacity: usize,
+    ) -> Self {
+        let mut keys = Vec::with_capacity(3 + 2 * capacity);
+        keys.extend([
+            keys::fence(activity, shard),
+            keys::seq(activity, shard),
+            keys::orders_stream(activity, shard),
+        ]);
+        let mut args = Vec::with_capacity(5 + 3 * capacity);
+        args.extend([
+            activity.to_string(),
+            shard.to_string(),
+            now_ms.to_string(),
+            epoch.to_string(),
+            high_water.to_string(),
+        ]);
+        Self {
+            activity,
+            shard,
+            keys,
+            args,
+        }
+    }
+
+    /// Adds one reservation of `item` for `user` under `request` (their strings are
+    /// moved in, not copied).
+    pub fn push(&mut self, item: ItemId, user: UserId, request: RequestId) {
+        self.keys.extend([
+            keys::stock(self.activity, self.shard, item),
+            keys::buyers(self.activity, self.shard, item),
+        ]);
+        self.args
+            .extend([item.to_string(), user.into_string(), request.into_string()]);
+    }
+
+    /// Reservations in the call.
+    pub fn len(&self) -> usize {
+        (self.keys.len() - 3) / 2
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Call for ReserveCall {
+    const SCRIPT: Script = RESERVE;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// Outcomes the reserve script returns as its first element.
+pub mod reserve_outcome {
+    pub const RESERVED: &str = "RESERVED";
+    pub const RETRY: &str = "RETRY";
+    pub const DUPLICATE: &str = "DUPLICATE";
+    pub const SOLD_OUT: &str = "SOLD_OUT";
+    pub const LOST: &str = "LOST";
+    /// The fence is there but the shard's sequence is below one already handed out
+    /// under the same epoch: Redis lost writes (a failover to a lagging replica, an
+    /// AOF that lost its last second). The third field is the sequence found.
+    pub const BEHIND: &str = "BEHIND";
+}
+
+/// RELEASE (`scripts/release.lua`): drop the buyer record of a reservation while it
+/// still names it, and give the unit back to the shard unless told not to.
+#[derive(Debug, Clone)]
+pub struct ReleaseCall {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl ReleaseCall {
+    /// Releases `reservation`, held by `user` as recorded with it (a [`UserId`] when it
+    /// was reserved; orderd reads it back from the order row). `return_unit` false only
+    /// drops the buyer record (a FAILED order, whose unit MySQL never had).
+    pub fn new(reservation: &ReservationId, user: &str, return_unit: bool) -> Self {
+        let (a, i, s) = (reservation.activity, reservation.shard, reservation.item);
+        Self {
+            keys: vec![keys::stock(a, i, s), keys::buyers(a, i, s)],
+            args: vec![
+                user.to_string(),
+                reservation.to_string(),
+                if return_unit { "1" } else { "0" }.to_string(),
+            ],
+        }
+    }
+}
+
+impl Call for ReleaseCall {
+    const SCRIPT: Script = RELEASE;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// What RELEASE answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The buyer record named the reservation and is gone; `left` units in the shard.
+    Released { left: i64 },
+    /// No buyer record names the reservation (already released, or re-bought).
+    NotHeld,
+}
+
+impl Released {
+    /// Reads the answer `{outcome, units}`; `None` for an answer the script never gives.
+    pub fn from_reply(outcome: &str, left: i64) -> Option<Self> {
+        match outcome {
+            "RELEASED" => Some(Released::Released { left }),
+            "NOT_HELD" => Some(Released::NotHeld),
+            _ => None,
+        }
+    }
+}
+
+/// TAKE (`scripts/take.lua`): the donor side of a rebalancing move.
+#[derive(Debug, Clone)]
+pub struct TakeCall {
+    keys: Vec<String>,
+    units: u32,
+}
+
+impl TakeCall {
+    /// Takes up to `units` of `item` out of shard `donor`.
+    pub fn new(activity: ActivityId, donor: Shard, item: ItemId, units: u32) -> Self {
+        Self {
+            keys: vec![
+                keys::fence(activity, donor),
+                keys::stock(activity, donor, item),
+            ],
+            units,
+        }
+    }
+}
+
+impl Call for TakeCall {
+    const SCRIPT: Script = TAKE;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, vec![self.units.to_string()])
+    }
+}
+
+/// GIVE (`scripts/give.lua`): the receiving side of a rebalancing move.
+#[derive(Debug, Clone)]
+pub struct GiveCall {
+    keys: Vec<String>,
+    units: i64,
+}
+
+impl GiveCall {
+    /// Adds `units` of `item` (taken from another shard) to shard `home`.
+    pub fn new(activity: ActivityId, home: Shard, item: ItemId, units: i64) -> Self {
+        Self {
+            keys: vec![
+                keys::fence(activity, home),
+                keys::stock(activity, home, item),
+            ],
+            units,
+        }
+    }
+}
+
+impl Call for GiveCall {
+    const SCRIPT: Script = GIVE;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, vec![self.units.to_string()])
+    }
+}
+
+/// What TAKE or GIVE answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveReply {
+    /// The shard's fence is gone: its state was lost (recompute).
+    FenceMissing,
+    /// TAKE: the units taken (0 when the shard was empty). GIVE: the shard's new count.
+    Units(i64),
+}
+
+impl MoveReply {
+    /// Reads the integer answer (-1 is the lost-state answer of both scripts).
+    pub fn from_reply(n: i64) -> Self {
+        if n < 0 {
+            MoveReply::FenceMissing
+        } else {
+            MoveReply::Units(n)
+        }
+    }
+}
+
+/// WARM (`scripts/warm.lua`): set every item's stock in one shard, then its fence.
+#[derive(Debug, Clone)]
+pub struct WarmCall {
+    activity: ActivityId,
+    shard: Shard,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl WarmCall {
+    /// Warms shard `shard` under `epoch`. `force` false leaves a shard whose fence is
+    /// already there alone (publishing twice never adds stock); recompute passes true.
+    pub fn new(activity: ActivityId, shard: Shard, epoch: &str, force: bool) -> Self {
+        Self {
+            activity,
+            shard,
+            keys: vec![keys::fence(activity, shard)],
+            args: vec![epoch.to_string(), if force { "1" } else { "0" }.to_string()],
+        }
+    }
+
+    /// Sets `item`'s stock in this shard to `units`.
+    pub fn push(&mut self, item: ItemId, units: u64) {
+        self.keys.push(keys::stock(self.activity, self.shard, item));
+        self.args.push(units.to_string());
+    }
+}
+
+impl Call for WarmCall {
+    const SCRIPT: Script = WARM;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// What WARM answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warmed {
+    /// The shard's stock and fence were written.
+    Wrote,
+    /// The fence was already there and the call was not forced: nothing changed.
+    AlreadyWarm,
+}
+
+impl Warmed {
+    pub fn from_reply(n: i64) -> Self {
+        if n == 1 {
+            Warmed::Wrote
+        } else {
+            Warmed::AlreadyWarm
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserve_call_lists_the_shard_keys_once_and_two_keys_three_args_per_reservation() {
+        let mut c = ReserveCall::new(7, 3, 1000, "e1", 42, 2);
+        assert!(c.is_empty());
+        let id = |s: &str| (UserId::parse(s).unwrap(), RequestId::parse(s).unwrap());
+        let ((alice, r1), (bob, r2)) = (id("alice"), id("bob"));
+        c.push(11, alice, r1);
+        c.push(12, bob, r2);
+        assert_eq!(c.len(), 2);
+        assert_eq!(
+            c.keys,
+            [
+                keys::fence(7, 3),
+                keys::seq(7, 3),
+                keys::orders_stream(7, 3),
+                keys::stock(7, 3, 11),
+                keys::buyers(7, 3, 11),
+                keys::stock(7, 3, 12),
+                keys::buyers(7, 3, 12),
+            ]
+        );
+        assert_eq!(
+            c.args,
+            ["7", "3", "1000", "e1", "42", "11", "alice", "alice", "12", "bob", "bob"]
+        );
+    }
+
+    #[test]
+    fn a_release_call_names_the_reservation_shard_and_the_holder() {
+        let rid: ReservationId = "7-11-3-e1-5".parse().unwrap();
+        let (k, a) = ReleaseCall::new(&rid, "alice", true).into_parts();
+        assert_eq!(k, [keys::stock(7, 3, 11), keys::buyers(7, 3, 11)]);
+        assert_eq!(a, ["alice", "7-11-3-e1-5", "1"]);
+        let (_, a) = ReleaseCall::new(&rid, "alice", false).into_parts();
+        assert_eq!(a[2], "0");
+        assert_eq!(
+            Released::from_reply("RELEASED", 4),
+            Some(Released::Released { left: 4 })
+        );
+        assert_eq!(
+            Released::from_reply("NOT_HELD", -1),
+            Some(Released::NotHeld)
+        );
+        assert_eq!(Released::from_reply("WHAT", 0), None);
+    }
+
+    #[test]
+    fn take_give_and_warm_calls_follow_their_scripts_headers() {
+        let (k, a) = TakeCall::new(7, 2, 11, 4).into_parts();
+        assert_eq!(k, [keys::fence(7, 2), keys::stock(7, 2, 11)]);
+        assert_eq!(a, ["4"]);
+        let (k, a) = GiveCall::new(7, 5, 11, 3).into_parts();
+        assert_eq!(k, [keys::fence(7, 5), keys::stock(7, 5, 11)]);
+        assert_eq!(a, ["3"]);
+        assert_eq!(MoveReply::from_reply(-1), MoveReply::FenceMissing);
+        assert_eq!(MoveReply::from_reply(0), MoveReply::Units(0));
+        let mut w = WarmCall::new(7, 1, "e9", false);
+        w.push(11, 10);
+        w.push(12, 0);
+        let (k, a) = w.into_parts();
+        assert_eq!(
+            k,
+            [
+                keys::fence(7, 1),
+                keys::stock(7, 1, 11),
+                keys::stock(7, 1, 12)
+            ]
+        );
+        assert_eq!(a, ["e9", "0", "10", "0"]);
+        let (_, a) = WarmCall::new(7, 1, "e9", true).into_parts();
+        assert_eq!(a, ["e9", "1"]);
+        assert_eq!(Warmed::from_reply(1), Warmed::Wrote);
+        assert_eq!(Warmed::from_reply(0), Warmed::AlreadyWarm);
+    }
+
+    #[test]
+    fn every_call_runs_its_own_script() {
+        assert_eq!(ReserveCall::SCRIPT.name, "reserve");
+        assert_eq!(ReleaseCall::SCRIPT.name, "release");
+        assert_eq!(TakeCall::SCRIPT.name, "take");
+        assert_eq!(GiveCall::SCRIPT.name, "give");
+        assert_eq!(WarmCall::SCRIPT.name, "warm");
+    }
+}

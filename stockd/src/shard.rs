@@ -1,0 +1,147 @@
+//! The state stockd keeps per Redis shard of an activity, behind [`ShardState`]:
+//! - the high-water mark ([`HighWater`]): the highest reservation sequence this process
+//!   saw handed out, which the reserve script and the fence check compare against to
+//!   catch a Redis that lost writes;
+//! - the group-commit queue ([`ShardQueue`]): reservations waiting for the shard's
+//!   next reserve call (driven by `batch.rs`), each with the channel its answer
+//!   ([`Script`]) goes back on.
+//!
+//! It imports nothing of the catalog or the batch driver, so both can use it.
+
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use crate::domain::{RequestId, UserId};
+use crate::error::Result;
+
+/// The highest reservation sequence this process has seen handed out in one shard,
+/// with the epoch (fence value) it was handed out under. Redis never hands out a lower
+/// one under the same epoch unless it lost writes; the reserve script and the fence
+/// check compare against it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HighWater {
+    pub epoch: String,
+    pub seq: u64,
+}
+
+/// One shard's state: its high-water mark and its reservation queue.
+#[derive(Debug, Default)]
+pub struct ShardState {
+    high_water: Mutex<HighWater>,
+    queue: ShardQueue,
+}
+
+impl ShardState {
+    /// The high-water mark (default when none seen yet).
+    pub fn high_water(&self) -> HighWater {
+        self.lock_high_water().clone()
+    }
+
+    /// Redis showed `found` as the shard's sequence, read after `seen` was taken from
+    /// this mark. When the mark still holds `seen`'s epoch and `seen` is above `found`,
+    /// Redis lost writes: clears the mark and returns the size of the gap, so the gap is
+    /// reported once. (Comparing with a mark taken *before* the read matters: the mark
+    /// moves on with every reservation, and one taken after the read would be ahead of
+    /// a healthy Redis.)
+    pub fn take_behind(&self, seen: &HighWater, found: u64) -> Option<u64> {
+        let mut hw = self.lock_high_water();
+        if hw.epoch == seen.epoch && seen.seq > found {
+            let gap = hw.seq.max(seen.seq) - found;
+            *hw = HighWater::default();
+            return Some(gap);
+        }
+        None
+    }
+
+    /// Records that Redis handed out `seq` under `epoch`. A newer epoch (a recompute
+    /// opened the shard again) replaces the mark.
+    pub fn saw(&self, epoch: &str, seq: u64) {
+        let mut hw = self.lock_high_water();
+        if hw.epoch == epoch {
+            hw.seq = hw.seq.max(seq);
+        } else if epoch_newer(epoch, &hw.epoch) {
+            *hw = HighWater {
+                epoch: epoch.to_string(),
+                seq,
+            };
+        }
+    }
+
+    /// The reservation queue.
+    pub fn queue(&self) -> &ShardQueue {
+        &self.queue
+    }
+
+    fn lock_high_water(&self) -> std::sync::MutexGuard<'_, HighWater> {
+        self.high_water.lock().expect("high-water lock")
+    }
+}
+
+/// Epochs are base-36 millisecond times without leading zeros: longer is newer, and
+/// equal lengths compare as text.
+fn epoch_newer(a: &str, b: &str) -> bool {
+    (a.len(), a) > (b.len(), b)
+}
+
+/// One answer of the reserve script for one reservation.
+#[derive(Debug)]
+pub(crate) enum Script {
+    Reserved(String, i64),
+    Retry(String, i64),
+    Duplicate(String, i64),
+    SoldOut,
+    Lost,
+    /// Redis lost writes: the shard's sequence (second) is below the high-water mark
+    /// (first) the call was made with, under the same epoch.
+    Behind(HighWater, u64),
+}
+
+/// A reservation waiting for its shard's next call.
+pub(crate) struct Pending {
+    pub item: u64,
+    pub user: UserId,
+    pub request: RequestId,
+    pub answer: oneshot::Sender<Result<Script>>,
+}
+
+/// The queue of one shard.
+#[derive(Default)]
+pub struct ShardQueue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+pub(crate) struct QueueState {
+    pub waiting: Vec<Pending>,
+    /// A driver task is running this shard's calls.
+    pub running: bool,
+}
+
+impl std::fmt::Debug for ShardQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("ShardQueue")
+            .field("waiting", &st.waiting.len())
+            .field("running", &st.running)
+            .finish()
+    }
+}
+
+impl ShardQueue {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Resets `running` if the driver unwinds, so a bug cannot wedge a shard: the
+/// reservations it held are answered UNAVAILABLE (their senders drop).
+pub(crate) struct Unwind<'a>(pub &'a ShardQueue);
+
+impl Drop for Unwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lock().running = false;
+        }
+    }
+}
