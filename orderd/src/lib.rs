@@ -5,7 +5,8 @@
 //! - [`config`]: the config file and its validation.
 //! - [`consumer`]: stream discovery and the per-stream consumers (batches, claiming,
 //!   dead letters, back-off).
-//! - [`db`]: every MySQL statement, each transition in one transaction.
+//! - [`db`]: every MySQL statement, each transition in one transaction (`db/`: intake,
+//!   transitions, outbox, dead letters).
 //! - [`redis`]: the cluster client, stream commands, the release script.
 //! - [`orders`]: the OrderService operations; [`service`]: their gRPC face.
 //! - [`background`]: timeout sweep, stock-return outbox relay, gauges.
