@@ -2,7 +2,7 @@
 //! process answers) and `GET /readyz` (activities loaded from Redis and stockd and
 //! orderd answering their health checks; 503 with the reason otherwise).
 
-use crate::proxy::Shared;
+use crate::shared::Shared;
 use async_trait::async_trait;
 use http::Response;
 use pingora::apps::http_app::ServeHttp;

@@ -1,11 +1,9 @@
-//! Step 6: the admission cap. At most `k × remaining` reservations of an item may be in
+//! The admission cap (state of the `admission` filter). At most `k × remaining` reservations of an item may be in
 //! flight to stockd (never fewer than `min_in_flight`); the excess gets 429 `busy`
 //! without calling stockd. "Remaining" is the last read of the item's shards (the
 //! total before the first read). An [`Admitted`] guard holds the slot and frees it
 //! when the call is over, whatever happens.
 
-use crate::answer::Refusal;
-use crate::proxy::{Cx, Filter, Flow};
 use crate::sold_out::ItemLive;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,25 +33,6 @@ pub fn admit(item: &Arc<ItemLive>, k: f64, min_in_flight: u32) -> Option<Admitte
     let before = item.in_flight.fetch_add(1, Ordering::AcqRel);
     let guard = Admitted(item.clone());
     (before < cap).then_some(guard)
-}
-
-/// The filter (reserve only; the window filter found the item).
-pub struct Admission;
-
-impl Filter for Admission {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        let Some(item) = cx.item.as_ref() else {
-            return Flow::Go;
-        };
-        let a = &cx.policy.admission;
-        match admit(item, a.k, a.min_in_flight) {
-            Some(slot) => {
-                cx.admitted = Some(slot);
-                Flow::Go
-            }
-            None => Flow::Stop(Refusal::Busy),
-        }
-    }
 }
 
 #[cfg(test)]

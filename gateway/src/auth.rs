@@ -1,10 +1,8 @@
-//! Step 3: authentication. A bearer JWT (HS256 secret, or RS256/ES256 public key from
+//! Authentication (state of the `authenticate` filter). A bearer JWT (HS256 secret, or RS256/ES256 public key from
 //! config) names the user in its `sub` claim; the user id never comes from the URL or
 //! the body. Also issues the dev-only HS256 tokens of `POST /api/v1/dev/token`.
 
-use crate::answer::Refusal;
 use crate::config::Auth;
-use crate::proxy::{Cx, Filter, Flow};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -106,48 +104,6 @@ pub fn bearer<'a>(
             .filter(|t| !t.is_empty());
     }
     None
-}
-
-/// The filter: routes that need a user get one from a valid JWT, or 401.
-pub struct Authenticate;
-
-impl Filter for Authenticate {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        if !cx.route.needs_user() {
-            return Flow::Go;
-        }
-        let Some(token) = cx.bearer else {
-            return Flow::Stop(Refusal::Unauthenticated("missing bearer token"));
-        };
-        match cx.shared.jwt.verify(token) {
-            Ok(user) => {
-                cx.user = Some(user);
-                Flow::Go
-            }
-            Err(why) => Flow::Stop(Refusal::Unauthenticated(why)),
-        }
-    }
-}
-
-/// Step 2, per user: the per-user bucket, once the user is known.
-pub struct UserLimit;
-
-impl Filter for UserLimit {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        let Some(user) = cx.user.as_deref() else {
-            return Flow::Go;
-        };
-        match cx
-            .shared
-            .limiter
-            .check_user(user, &cx.policy.limits, cx.now_ms)
-        {
-            crate::rate_limit::Take::Allowed => Flow::Go,
-            crate::rate_limit::Take::Limited { retry_after_secs } => {
-                Flow::Stop(Refusal::RateLimited(retry_after_secs))
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Step 8, the read deadline: pingora's read timeout is per read, so a client sending
+//! The read deadline: pingora's read timeout is per read, so a client sending
 //! one byte every few seconds could hold a connection forever. [`Guarded`] wraps the
 //! HTTP app and gives every connection a [`DeadlineStream`]: a request must be read
 //! in full within `protection.request_read_ms` of its first byte (or of the accept,
@@ -21,7 +21,7 @@
 //! sends fewer bytes and stops is cut too.
 
 use crate::fast_lane::{self, Lane};
-use crate::proxy::Shared;
+use crate::shared::Shared;
 use async_trait::async_trait;
 use bytes::BytesMut;
 use pingora::apps::ServerApp;

@@ -7,8 +7,8 @@
 //! session a refusal cost about 8 µs of CPU (half of it user space: the session, its
 //! header maps, allocations, the proxy phases) against nginx's 4.3 µs for the same
 //! answer on the same machine. Here a request head is parsed in place by `httparse`
-//! into a fixed array, the same filters decide ([`IpBan`], [`IpLimit`],
-//! [`SoldOutEarly`]), and the canned answer goes out in one write with no allocation.
+//! into a fixed array, the same filters decide (it walks the pipeline's own
+//! [`EDGE`] list with peeks), and the canned answer goes out in one write with no allocation.
 //!
 //! Equivalence with the pipeline (`proxy.rs`), which stays the reference:
 //! - Only plain HTTP/1.1 `GET` and `POST` requests that it can frame with certainty are
@@ -30,13 +30,12 @@
 //!   idle HTTP/1.1 keep-alive, or at shutdown.
 
 use crate::answer::Refusal;
-use crate::ip_ban::IpBan;
-use crate::proxy::{unix_ms, Answered, Cx, Filter, Flow, Shared};
-use crate::rate_limit::{IpLimit, Take};
+use crate::filters::{self, Cx, Flow, EDGE};
 use crate::routes;
-use crate::sold_out::SoldOutEarly;
+use crate::shared::{Answered, Shared};
 use bytes::{Buf, BytesMut};
 use pingora::server::ShutdownWatch;
+use seckill_lua::clock::unix_ms;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -259,25 +258,99 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
     }
 }
 
-/// The pipeline's first steps as they would end for this request, or `None` when they
-/// would go on (and then nothing has been taken).
+/// The pipeline's [`EDGE`] steps as they would end for this request, or `None` when
+/// they would go on (and then nothing has been taken). The walk peeks; when it ends in
+/// a refusal, the steps before the one that refused and that take something (the
+/// per-IP and route buckets) are run for real, as the pipeline would have run them, so
+/// a sold-out answer takes the request's tokens (and is a 429 when they are gone).
 fn decide(cx: &mut Cx<'_>) -> Option<Refusal> {
-    if let Flow::Stop(r) = IpBan.check(cx) {
-        return Some(r);
+    let (at, refusal) = filters::peek(&EDGE, cx)?;
+    for f in EDGE[..at].iter().filter(|f| f.takes()) {
+        if let Flow::Stop(r) = f.check(cx) {
+            return Some(r);
+        }
     }
-    let peeked =
-        cx.shared
-            .limiter
-            .peek_ip(cx.client_ip, cx.route.class(), &cx.policy.limits, cx.now_ms);
-    if let Take::Limited { retry_after_secs } = peeked {
-        return Some(Refusal::RateLimited(retry_after_secs));
+    Some(refusal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const DENIED: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
+    const FREE: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7));
+
+    fn shared() -> Shared {
+        crate::shared::for_test("[bans]\ndeny = [\"203.0.113.0/24\"]\n")
     }
-    if let Flow::Stop(sold_out) = SoldOutEarly.check(cx) {
-        // The pipeline takes the request's tokens before it answers sold out.
-        return Some(match IpLimit.check(cx) {
-            Flow::Stop(limited) => limited,
-            Flow::Go => sold_out,
-        });
+
+    const GET: &[u8] = b"GET /api/v1/activities HTTP/1.1\r\nhost: x\r\n\r\n";
+
+    fn refused_len(s: Scan) -> Option<usize> {
+        match s {
+            Scan::Refuse { len, answer } => {
+                assert!(matches!(answer.refusal, Refusal::Banned));
+                Some(len)
+            }
+            _ => None,
+        }
     }
-    None
+
+    #[test]
+    fn a_complete_head_from_a_banned_ip_is_refused_with_its_length() {
+        assert_eq!(refused_len(scan(&shared(), GET, DENIED)), Some(GET.len()));
+    }
+
+    #[test]
+    fn a_request_the_pipeline_would_let_through_goes_to_pingora() {
+        assert!(matches!(scan(&shared(), GET, FREE), Scan::Pingora));
+    }
+
+    #[test]
+    fn a_partial_head_or_body_waits_for_more_bytes() {
+        let sh = shared();
+        assert!(matches!(scan(&sh, b"", DENIED), Scan::Partial));
+        assert!(matches!(
+            scan(&sh, &GET[..GET.len() - 2], DENIED),
+            Scan::Partial
+        ));
+        let post = b"POST /x HTTP/1.1\r\ncontent-length: 10\r\n\r\nabc";
+        assert!(matches!(scan(&sh, post, DENIED), Scan::Partial));
+        let whole = b"POST /x HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc";
+        assert_eq!(refused_len(scan(&sh, whole, DENIED)), Some(whole.len()));
+    }
+
+    #[test]
+    fn pipelined_requests_are_taken_one_at_a_time() {
+        let two = [GET, GET].concat();
+        assert_eq!(refused_len(scan(&shared(), &two, DENIED)), Some(GET.len()));
+    }
+
+    #[test]
+    fn what_the_lane_cannot_frame_with_certainty_goes_to_pingora() {
+        let sh = shared();
+        let many = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            (0..70).map(|i| format!("h{i}: v\r\n")).collect::<String>()
+        );
+        for req in [
+            &b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"[..],
+            b"POST /x HTTP/1.1\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nupgrade: websocket\r\n\r\n",
+            b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"HEAD / HTTP/1.1\r\n\r\n",
+            b"POST /x HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 3\r\n\r\nabc",
+            b"POST /x HTTP/1.1\r\ncontent-length: 999999\r\n\r\n",
+            b"GET http://x/ HTTP/1.1\r\n\r\n",
+            many.as_bytes(),
+        ] {
+            assert!(
+                matches!(scan(&sh, req, DENIED), Scan::Pingora),
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
+    }
 }

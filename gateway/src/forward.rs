@@ -1,4 +1,4 @@
-//! Step 7: forwarding the survivors over gRPC. `reserve` → `StockService.Reserve`;
+//! Forwarding the survivors over gRPC (the handlers' client). `reserve` → `StockService.Reserve`;
 //! orders → `OrderService` (get, list, watch, pay, cancel, payment callback).
 //!
 //! Channels are pooled by tonic (one HTTP/2 connection per upstream, multiplexed) and

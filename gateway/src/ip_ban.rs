@@ -1,4 +1,4 @@
-//! Step 1: IP bans.
+//! IP bans (state of the `ip_ban` filter).
 //!
 //! Three sources, all checked in memory: the static `bans.deny` CIDRs of the config
 //! (reloaded on SIGHUP; `bans.allow` wins over every ban), the shared ban list in Redis
@@ -11,7 +11,6 @@
 //! trusted proxy, the right-most `X-Forwarded-For` address that is not one.
 
 use crate::config::Bucket;
-use crate::proxy::{Cx, Filter, Flow};
 use crate::rate_limit::{ip_key, BucketMap, Take};
 use dashmap::DashMap;
 use ipnet::IpNet;
@@ -193,52 +192,6 @@ pub fn client_ip(peer: IpAddr, xff: Option<&[u8]>, trusted: &[IpNet]) -> IpAddr 
         last_trusted = ip;
     }
     last_trusted
-}
-
-/// The filter: allow list, static deny list, shared and automatic bans.
-pub struct IpBan;
-
-impl Filter for IpBan {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        let ip = cx.client_ip;
-        let lists = &cx.policy.lists;
-        if !lists.allow.is_empty() && lists.allowed(ip) {
-            return Flow::Go;
-        }
-        if lists.denied(ip) || cx.shared.bans.is_banned(ip, cx.now_unix_ms) {
-            return Flow::Stop(crate::answer::Refusal::Banned);
-        }
-        Flow::Go
-    }
-}
-
-/// With `bans.refuse_at_connection`, banned TCP peers are dropped right after accept,
-/// before any HTTP parsing. Peers that are trusted proxies are always accepted (their
-/// clients are judged per request).
-pub struct ConnectionBan(pub std::sync::Arc<crate::proxy::Shared>);
-
-impl std::fmt::Debug for ConnectionBan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ConnectionBan")
-    }
-}
-
-#[async_trait::async_trait]
-impl pingora::listeners::ConnectionFilter for ConnectionBan {
-    async fn should_accept(&self, addr: Option<&std::net::SocketAddr>) -> bool {
-        let Some(addr) = addr else { return true };
-        let policy = self.0.policy();
-        if !policy.bans.refuse_at_connection {
-            return true;
-        }
-        let ip = addr.ip();
-        let lists = &policy.lists;
-        if lists.trusted.iter().any(|n| n.contains(&ip)) || lists.allowed(ip) {
-            return true;
-        }
-        let now = seckill_lua::clock::unix_ms();
-        !(lists.denied(ip) || self.0.bans.is_banned(ip, now))
-    }
 }
 
 #[cfg(test)]

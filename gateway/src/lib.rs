@@ -3,10 +3,15 @@
 //!
 //! Layout (the request pipeline, in order, then the plumbing):
 //! - [`routes`]: method + path → [`routes::Route`].
-//! - [`ip_ban`], [`rate_limit`], [`sold_out`], [`auth`], [`purchase_token`],
-//!   [`admission`]: the filters, each behind [`proxy::Filter`].
+//! - [`filters`]: the pipeline: [`filters::Filter`], the context, and the ordered
+//!   lists (edge, authenticated, after body), one file per filter.
+//! - [`handlers`]: the route handlers (activities, reserve, orders, payments, events,
+//!   dev).
+//! - [`proxy`]: pingora's `ProxyHttp`: sequences the filters and the handler.
+//! - state the filters read, importing nothing of the pipeline: [`shared`] (the hub),
+//!   [`ip_ban`], [`rate_limit`], [`sold_out`] (the catalog), [`auth`] (JWT),
+//!   [`purchase_token`], [`admission`] (the in-flight cap).
 //! - [`forward`]: gRPC clients and the mapping of gRPC answers to HTTP.
-//! - [`proxy`]: pingora's `ProxyHttp`: runs the filters, then the route's handler.
 //! - [`answer`]: the refusals with their stable codes, canned where hot.
 //! - [`deadline`]: the total read deadline per request (slow clients).
 //! - [`fast_lane`]: the hot refusals of plain HTTP/1.1 written before pingora's session.
@@ -22,7 +27,9 @@ pub mod auth;
 pub mod config;
 pub mod deadline;
 pub mod fast_lane;
+pub mod filters;
 pub mod forward;
+pub mod handlers;
 pub mod ip_ban;
 pub mod metrics;
 pub mod proxy;
@@ -30,6 +37,7 @@ pub mod purchase_token;
 pub mod rate_limit;
 pub mod redis;
 pub mod routes;
+pub mod shared;
 pub mod sold_out;
 
 /// The TOML crate the config is written in, for tools and tests that generate configs.
@@ -82,7 +90,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     server.bootstrap();
 
     let (announce_tx, announce_rx) = tokio::sync::mpsc::channel(1024);
-    let shared = Arc::new(proxy::Shared::new(
+    let shared = Arc::new(shared::Shared::new(
         config.clone(),
         metrics::Metrics::new(),
         announce_tx,
@@ -107,7 +115,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
             config.server.fast_lane.then(|| shared.clone()),
         ),
     );
-    svc.set_connection_filter(Arc::new(ip_ban::ConnectionBan(shared.clone())));
+    svc.set_connection_filter(Arc::new(filters::ConnectionBan(shared.clone())));
     for addr in &config.server.listen {
         svc.add_tcp(addr);
     }
@@ -155,7 +163,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
 /// SIGHUP: read the file again; on success swap in its limits, bans, admission and
 /// protection. Connections and in-flight requests are untouched.
 struct Reload {
-    shared: Arc<proxy::Shared>,
+    shared: Arc<shared::Shared>,
     path: PathBuf,
     read_ms: Arc<AtomicU64>,
 }

@@ -1,4 +1,4 @@
-//! Step 4: purchase tokens. `POST .../token` gives an authenticated user, once the
+//! Purchase tokens (state of the `purchase_token` filter). `POST .../token` gives an authenticated user, once the
 //! window is open, `"<expiry ms>.<base64url HMAC-SHA256(secret, v1|user|a|s|expiry)>"`;
 //! `reserve` must present it. Checking it is one HMAC in memory: no Redis call.
 

@@ -1,4 +1,5 @@
-//! Step 2: token buckets per client IP, per user and per route.
+//! Token buckets per client IP, per user and per route (state of the `ip_limit` and
+//! `user_limit` filters).
 //!
 //! [`BucketMap`] is a sharded map `u64 key → (tokens, last refill)` of 16 bytes per
 //! entry (plus hashbrown's control byte), so a million distinct client IPs cost about
@@ -263,25 +264,6 @@ impl RateLimiter {
 
     pub fn tracked_ips(&self) -> usize {
         self.ips.len()
-    }
-}
-
-/// Filter step: the per-IP and per-route buckets, before authentication.
-pub struct IpLimit;
-
-impl crate::proxy::Filter for IpLimit {
-    fn check(&self, cx: &mut crate::proxy::Cx<'_>) -> crate::proxy::Flow {
-        let policy = cx.policy;
-        match cx
-            .shared
-            .limiter
-            .check_ip(cx.client_ip, cx.route.class(), &policy.limits, cx.now_ms)
-        {
-            Take::Allowed => crate::proxy::Flow::Go,
-            Take::Limited { retry_after_secs } => {
-                crate::proxy::Flow::Stop(crate::answer::Refusal::RateLimited(retry_after_secs))
-            }
-        }
     }
 }
 

@@ -13,7 +13,7 @@
 //! - checks that stockd and orderd answer gRPC health (for `/readyz`);
 //! - sweeps idle token buckets.
 
-use crate::proxy::Shared;
+use crate::shared::Shared;
 use crate::sold_out::Meta;
 use async_trait::async_trait;
 use fred::prelude::*;

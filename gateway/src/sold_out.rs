@@ -1,4 +1,5 @@
-//! Step 5: the window and the sold-out flags, all in memory.
+//! The catalog: windows and sold-out flags, all in memory (state of the `sold_out` and
+//! `window` filters).
 //!
 //! [`Catalog`] holds every published activity read from `sk:{a}:meta` (window, items,
 //! shard count) and, per item, an [`ItemLive`]: the sold-out flag and the units left.
@@ -8,9 +9,6 @@
 //! ([`SoldOutEarly`]: the flag is public, so the cheapest answer for the crowd costs
 //! no JWT check either); [`Window`] then checks the window for token and reserve.
 
-use crate::answer::Refusal;
-use crate::proxy::{Cx, Filter, Flow};
-use crate::routes::Route;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -218,59 +216,6 @@ impl Catalog {
             item.remaining.store(remaining.max(0), Ordering::Relaxed);
             item.sold_out.store(remaining <= 0, Ordering::Relaxed);
         }
-    }
-}
-
-/// Before authentication: a reserve of a sold-out item is answered 410 at once.
-pub struct SoldOutEarly;
-
-impl Filter for SoldOutEarly {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        if let Route::Reserve(a, s) = cx.route {
-            if let Some(act) = cx.shared.catalog.get(*a) {
-                if let Some(item) = act.item(*s) {
-                    if item.sold_out.load(Ordering::Relaxed)
-                        && cx.now_unix_ms as i64 >= act.start_ms
-                    {
-                        return Flow::Stop(Refusal::SoldOut);
-                    }
-                }
-            }
-        }
-        Flow::Go
-    }
-}
-
-/// After authentication: the window and the item for token and reserve.
-pub struct Window;
-
-impl Filter for Window {
-    fn check(&self, cx: &mut Cx<'_>) -> Flow {
-        let (a, s) = match cx.route {
-            Route::Token(a, s) | Route::Reserve(a, s) => (*a, *s),
-            _ => return Flow::Go,
-        };
-        let Some(act) = cx.shared.catalog.get(a) else {
-            return Flow::Stop(Refusal::NotFound("no such activity"));
-        };
-        let Some(item) = act.item(s).cloned() else {
-            return Flow::Stop(Refusal::NotFound("no such item"));
-        };
-        let now = cx.now_unix_ms as i64;
-        if now < act.start_ms {
-            return Flow::Stop(Refusal::TooEarly {
-                start_at_ms: act.start_ms,
-                server_time_ms: now,
-            });
-        }
-        if now >= act.end_ms {
-            return Flow::Stop(Refusal::Ended);
-        }
-        if item.sold_out.load(Ordering::Relaxed) {
-            return Flow::Stop(Refusal::SoldOut);
-        }
-        cx.item = Some(item);
-        Flow::Go
     }
 }
 

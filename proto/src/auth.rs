@@ -14,6 +14,31 @@ use tonic::{Request, Status};
 /// Metadata key carrying the token.
 pub const HEADER: &str = "authorization";
 
+/// Metadata key set on the refusal of a missing or wrong service token, so a caller
+/// tells "our own credentials are wrong" (an operator's problem: 503 at the edge)
+/// from a daemon's UNAUTHENTICATED about the request itself (e.g. a payment
+/// callback's bad signature: the caller's 4xx) by [`is_service_token_refusal`], not
+/// by reading the message.
+pub const REFUSAL_HEADER: &str = "seckill-refusal";
+const REFUSAL_SERVICE_TOKEN: &str = "service-token";
+
+/// True when `status` is [`ServiceToken`]'s refusal.
+pub fn is_service_token_refusal(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(REFUSAL_HEADER)
+        .is_some_and(|v| v.as_bytes() == REFUSAL_SERVICE_TOKEN.as_bytes())
+}
+
+fn refused(message: &'static str) -> Status {
+    let mut status = Status::unauthenticated(message);
+    status.metadata_mut().insert(
+        REFUSAL_HEADER,
+        MetadataValue::from_static(REFUSAL_SERVICE_TOKEN),
+    );
+    status
+}
+
 /// Server-side check of the service token.
 #[derive(Clone)]
 pub struct ServiceToken {
@@ -36,14 +61,14 @@ impl ServiceToken {
 
     fn check(&self, presented: Option<&MetadataValue<Ascii>>) -> Result<(), Status> {
         let Some(value) = presented else {
-            return Err(Status::unauthenticated("missing service token"));
+            return Err(refused("missing service token"));
         };
         let raw = value.as_bytes();
         let token = raw.strip_prefix(b"Bearer ").unwrap_or(raw);
         if token.ct_eq(&self.expected).into() {
             Ok(())
         } else {
-            Err(Status::unauthenticated("invalid service token"))
+            Err(refused("invalid service token"))
         }
     }
 }
@@ -109,7 +134,15 @@ mod tests {
         for value in [None, Some("Bearer nope"), Some("Bearer s3cret2"), Some("")] {
             let err = check.call(request_with(value)).unwrap_err();
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{value:?}");
+            assert!(is_service_token_refusal(&err), "{value:?}");
         }
+    }
+
+    #[test]
+    fn another_unauthenticated_is_not_a_service_token_refusal() {
+        assert!(!is_service_token_refusal(&Status::unauthenticated(
+            "bad service token signature"
+        )));
     }
 
     #[test]

@@ -38,6 +38,13 @@ async fn stockd_serves_health_reflection_and_refuses_calls_without_the_token() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    // The refusal is marked, over the wire, as the service token's (the gateway tells
+    // it from a daemon's own UNAUTHENTICATED by this mark, not by the message).
+    assert!(
+        seckill_proto::auth::is_service_token_refusal(&err),
+        "{:?}",
+        err.metadata()
+    );
 }
 
 #[tokio::test]

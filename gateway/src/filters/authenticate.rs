@@ -1,0 +1,30 @@
+//! Authentication: routes that need a user get one from a valid JWT (`crate::auth`
+//! verifies it), or 401.
+
+use super::{Cx, Filter, Flow};
+use crate::answer::Refusal;
+
+/// The filter: routes that need a user get one from a valid JWT, or 401.
+pub struct Authenticate;
+
+impl Filter for Authenticate {
+    fn name(&self) -> &'static str {
+        "authenticate"
+    }
+
+    fn check(&self, cx: &mut Cx<'_>) -> Flow {
+        if !cx.route.needs_user() {
+            return Flow::Go;
+        }
+        let Some(token) = cx.bearer else {
+            return Flow::Stop(Refusal::Unauthenticated("missing bearer token"));
+        };
+        match cx.shared.jwt.verify(token) {
+            Ok(user) => {
+                cx.user = Some(user);
+                Flow::Go
+            }
+            Err(why) => Flow::Stop(Refusal::Unauthenticated(why)),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `POST .../items/{s}/token` (a purchase token for the authenticated user) and
+//! `POST .../items/{s}/reserve`: the body, the [`AFTER_BODY`] filters, then one
+//! `StockService.Reserve` call; the answer mapped to 202/409/410/425/404/503.
+
+use pingora::prelude::*;
+use pingora::proxy::Session;
+
+use crate::answer::Refusal;
+use crate::filters::{run, Cx, Flow, AFTER_BODY};
+use crate::forward::Reserve;
+use crate::handlers::Req;
+use crate::proxy::{Ctx, Gateway};
+use crate::purchase_token::request_id_from_token;
+use serde_json::{json, Value};
+
+impl Gateway {
+    /// A purchase token for `(a, s)`.
+    pub(crate) async fn purchase_token(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        req: Req<'_>,
+        (a, s): (u64, u64),
+    ) -> Result<bool> {
+        let shared = &*self.shared;
+        let user = req.user;
+        let uid = user.as_deref().unwrap_or_default();
+        let (token, exp) = shared.tokens.issue(uid, a, s, req.now_unix_ms);
+        self.ok(
+            session,
+            ctx,
+            200,
+            &json!({"purchase_token": token, "expires_at_ms": exp}),
+        )
+        .await
+    }
+
+    /// A reservation of `(a, s)`.
+    pub(crate) async fn reserve(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        req: Req<'_>,
+        (a, s): (u64, u64),
+    ) -> Result<bool> {
+        let shared = &*self.shared;
+        let Req {
+            policy,
+            route,
+            user,
+            item,
+            now_ms,
+            now_unix_ms,
+        } = req;
+        let body = match self.body(session, &policy.protection).await? {
+            Ok(b) => b,
+            Err(r) => return self.refuse(session, ctx, r).await,
+        };
+        let token = body.get("purchase_token").and_then(Value::as_str);
+        let request_id = match body.get("request_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(r)) if seckill_lua::user::check_id(r).is_ok() => Some(r.clone()),
+            Some(_) => {
+                let why = "request_id: 1..=64 printable ASCII characters, no '|'";
+                return self
+                    .refuse(session, ctx, Refusal::BadRequest(why.into()))
+                    .await;
+            }
+        };
+        let flow;
+        let admitted;
+        {
+            let mut cx = Cx {
+                shared,
+                policy,
+                route,
+                client_ip: ctx.client_ip,
+                now_ms,
+                now_unix_ms,
+                bearer: None,
+                purchase_token: token,
+                user: user.clone(),
+                item: item.clone(),
+                admitted: None,
+            };
+            flow = run(&AFTER_BODY, &mut cx);
+            admitted = cx.admitted.take();
+        }
+        if let Flow::Stop(r) = flow {
+            return self.refuse(session, ctx, r).await;
+        }
+        let token = token.unwrap_or_default();
+        let request_id = request_id.unwrap_or_else(|| request_id_from_token(token));
+        let clients = self.clients().await?;
+        let uid = user.as_deref().unwrap_or_default();
+        let result = clients.reserve(a, s, uid, &request_id).await;
+        drop(admitted);
+        match result {
+            Ok((Reserve::Reserved(rid), _)) => {
+                self.ok(
+                    session,
+                    ctx,
+                    202,
+                    &json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED"}),
+                )
+                .await
+            }
+            Ok((Reserve::Duplicate(rid), _)) => {
+                self.refuse(session, ctx, Refusal::Duplicate(rid)).await
+            }
+            Ok((Reserve::SoldOut, _)) => {
+                shared.catalog.set_sold_out(a, s, true);
+                self.refuse(session, ctx, Refusal::SoldOut).await
+            }
+            Ok((Reserve::NotStarted { start_at_ms }, _)) => {
+                self.refuse(
+                    session,
+                    ctx,
+                    Refusal::TooEarly {
+                        start_at_ms,
+                        server_time_ms: now_unix_ms as i64,
+                    },
+                )
+                .await
+            }
+            Ok((Reserve::Ended, _)) => self.refuse(session, ctx, Refusal::Ended).await,
+            Ok((Reserve::NotFound, _)) => {
+                self.refuse(session, ctx, Refusal::NotFound("no such item"))
+                    .await
+            }
+            Err(status) => {
+                shared.metrics.upstream_error("stockd", status.code());
+                let r = clients.refusal(&status);
+                self.refuse(session, ctx, r).await
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! [`Shared`]: what every request and every background feed reads: the config as
+//! loaded, the SIGHUP-swappable [`Compiled`] policy, the bans, buckets, catalog, keys,
+//! metrics and canned answers; and [`Answered`], the record of one answered request
+//! (metrics, access log), shared by the pipeline and the fast lane.
+
+use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use seckill_lua::clock::unix_ms;
+
+use crate::answer::{Outcome, Prebuilt, Refusal};
+use crate::auth::Jwt;
+use crate::config::{self, Config};
+use crate::ip_ban::{Bans, StaticLists};
+use crate::metrics::Metrics;
+use crate::purchase_token::PurchaseTokens;
+use crate::rate_limit::RateLimiter;
+use crate::routes::RouteClass;
+use crate::sold_out::Catalog;
+
+/// The reloadable part of the config, with its CIDR lists parsed.
+pub struct Compiled {
+    pub limits: config::Limits,
+    pub bans: config::Bans,
+    pub admission: config::Admission,
+    pub protection: config::Protection,
+    pub lists: StaticLists,
+}
+
+impl Compiled {
+    pub fn new(p: config::Policy) -> Self {
+        Self {
+            lists: StaticLists::from_config(&p.bans),
+            limits: p.limits,
+            bans: p.bans,
+            admission: p.admission,
+            protection: p.protection,
+        }
+    }
+}
+
+/// State shared by every request and the background feeds.
+pub struct Shared {
+    /// The config as loaded at start (the policy part may since have been reloaded).
+    pub cfg: Config,
+    policy: RwLock<Arc<Compiled>>,
+    pub bans: Bans,
+    pub limiter: RateLimiter,
+    pub catalog: Catalog,
+    pub jwt: Jwt,
+    pub tokens: PurchaseTokens,
+    pub metrics: Metrics,
+    pub prebuilt: Prebuilt,
+    start: Instant,
+    /// Set by the health checks of stockd and orderd.
+    pub backends_ready: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(
+        cfg: Config,
+        metrics: Metrics,
+        announce: tokio::sync::mpsc::Sender<seckill_lua::messages::BanChange>,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            policy: RwLock::new(Arc::new(Compiled::new(cfg.policy()))),
+            bans: Bans::new(announce),
+            limiter: RateLimiter::new(cfg.limits.max_tracked),
+            catalog: Catalog::default(),
+            jwt: Jwt::from_config(&cfg.auth)?,
+            tokens: PurchaseTokens::new(
+                &cfg.auth.purchase_token_secret,
+                cfg.auth.purchase_token_ttl_secs,
+            ),
+            metrics,
+            prebuilt: Prebuilt::new(),
+            start: Instant::now(),
+            backends_ready: AtomicBool::new(false),
+            cfg,
+        })
+    }
+
+    /// Milliseconds on the gateway's monotonic clock.
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    pub fn policy(&self) -> Arc<Compiled> {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Counts a refusal toward `ip`'s auto-ban when it is one of the abusive kinds.
+    pub fn strike(&self, ip: IpAddr, r: &Refusal) {
+        if !r.is_abuse() {
+            return;
+        }
+        let b = &self.policy().bans;
+        if self.bans.strike(
+            ip,
+            b.auto_ban_threshold,
+            b.auto_ban_window_secs,
+            b.auto_ban_ttl_secs,
+            self.now_ms(),
+            unix_ms(),
+        ) {
+            tracing::warn!(%ip, "auto-banned");
+        }
+    }
+
+    /// Records one answered request: the decision metrics and, when
+    /// `server.access_log` is on, the access log line.
+    pub fn answered(&self, a: Answered<'_>) {
+        self.metrics
+            .decision(a.route, a.outcome, a.elapsed.as_secs_f64());
+        if self.cfg.server.access_log {
+            tracing::info!(
+                target: "access",
+                method = a.method,
+                path = a.path,
+                status = a.status,
+                outcome = a.outcome.label(),
+                client = %a.client,
+                user = a.user,
+                micros = a.elapsed.as_micros() as u64,
+                error = a.error,
+            );
+        }
+    }
+
+    /// Swaps in a reloaded policy; requests in flight keep the one they started with.
+    pub fn set_policy(&self, p: config::Policy) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Compiled::new(p));
+    }
+}
+
+/// What [`Shared::answered`] records of one request.
+pub struct Answered<'a> {
+    pub route: RouteClass,
+    pub outcome: Outcome,
+    pub elapsed: std::time::Duration,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub client: IpAddr,
+    pub user: &'a str,
+    pub error: &'a str,
+}
+
+/// A [`Shared`] for unit tests: a minimal valid config plus `extra` TOML sections,
+/// no Redis, no backends.
+#[cfg(test)]
+pub(crate) fn for_test(extra: &str) -> Shared {
+    let text = format!(
+        r#"
+[redis]
+nodes = ["127.0.0.1:7001"]
+[upstreams]
+stockd = "http://127.0.0.1:50051"
+orderd = "http://127.0.0.1:50052"
+service_token = "t"
+[auth]
+jwt_secret = "0123456789abcdef0123"
+purchase_token_secret = "fedcba9876543210fedc"
+{extra}"#
+    );
+    let cfg: Config =
+        seckill_daemon::config::load_str(&text, "test.toml", config::ENV_PREFIX, Vec::new())
+            .expect("test config");
+    let (announce, _) = tokio::sync::mpsc::channel(1);
+    Shared::new(cfg, Metrics::new(), announce).expect("test shared state")
+}
