@@ -2,7 +2,7 @@
 //! config) names the user in its `sub` claim; the user id never comes from the URL or
 //! the body. Also issues the dev-only HS256 tokens of `POST /api/v1/dev/token`.
 
-use crate::config::Auth;
+use crate::config::{Auth, JwtAlg};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -29,23 +29,22 @@ pub fn valid_user_id(u: &str) -> bool {
 impl Jwt {
     /// Config validation has already checked the key.
     pub fn from_config(a: &Auth) -> anyhow::Result<Self> {
-        let (alg, decoding, encoding) = match a.jwt_alg.as_str() {
-            "HS256" => (
+        let (alg, decoding, encoding) = match a.jwt_alg {
+            JwtAlg::HS256 => (
                 Algorithm::HS256,
                 DecodingKey::from_secret(a.jwt_secret.as_bytes()),
                 Some(EncodingKey::from_secret(a.jwt_secret.as_bytes())),
             ),
-            "RS256" => (
+            JwtAlg::RS256 => (
                 Algorithm::RS256,
                 DecodingKey::from_rsa_pem(&std::fs::read(&a.jwt_public_key_path)?)?,
                 None,
             ),
-            "ES256" => (
+            JwtAlg::ES256 => (
                 Algorithm::ES256,
                 DecodingKey::from_ec_pem(&std::fs::read(&a.jwt_public_key_path)?)?,
                 None,
             ),
-            other => anyhow::bail!("unsupported jwt_alg {other}"),
         };
         let mut validation = Validation::new(alg);
         validation.leeway = a.jwt_leeway_secs;
@@ -112,7 +111,7 @@ mod tests {
 
     fn hs() -> Jwt {
         Jwt::from_config(&Auth {
-            jwt_alg: "HS256".into(),
+            jwt_alg: JwtAlg::HS256,
             jwt_secret: "0123456789abcdef0123".into(),
             jwt_public_key_path: String::new(),
             jwt_leeway_secs: 0,
@@ -154,7 +153,7 @@ mod tests {
 
     fn hs_auth() -> Auth {
         Auth {
-            jwt_alg: "HS256".into(),
+            jwt_alg: JwtAlg::HS256,
             jwt_secret: "0123456789abcdef0123".into(),
             jwt_public_key_path: String::new(),
             jwt_leeway_secs: 0,

@@ -98,7 +98,7 @@ impl GatewayHandle {
     /// `now_unix_ms` (pass a time in the past for an expired token).
     pub fn jwt(&self, user: &str, ttl_secs: u64, now_unix_ms: u64) -> String {
         let auth = gateway::config::Auth {
-            jwt_alg: "HS256".into(),
+            jwt_alg: gateway::config::JwtAlg::HS256,
             jwt_secret: JWT_SECRET.into(),
             jwt_public_key_path: String::new(),
             jwt_leeway_secs: 0,

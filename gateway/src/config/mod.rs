@@ -1,0 +1,27 @@
+//! The gateway's TOML config (`deploy/local/gateway.toml`, env prefix `GATEWAY`).
+//!
+//! Sections: `[server]` listeners, threads and upgrade files; `[redis]` the cluster that
+//! feeds activities, sold-out flags and bans; `[upstreams]` stockd/orderd and deadlines;
+//! `[auth]` JWT and purchase tokens; `[limits]` token buckets; `[bans]` CIDR lists,
+//! trusted proxies, auto-ban; `[admission]` the in-flight cap; `[protection]` header,
+//! body and read-deadline limits; `[dev]` the dev-only token endpoint.
+//!
+//! On SIGHUP the file is read again and `[limits]`, `[bans]`, `[admission]` and
+//! `[protection]` take effect without dropping connections ([`Policy`]); the other
+//! sections need a restart (or a graceful upgrade).
+//!
+//! Files: [`model`] (the sections, their fields and defaults), `validate` (the
+//! checks `-t` and every load run, naming the field), `tls` (the certificate and key
+//! files of `server.tls_listen`).
+
+mod model;
+mod tls;
+mod validate;
+
+pub use model::*;
+pub use validate::parse_cidr;
+
+/// Loads and validates a file with `GATEWAY__*` overrides.
+pub fn load(path: &std::path::Path) -> Result<Config, seckill_daemon::config::ConfigError> {
+    seckill_daemon::config::load(path, ENV_PREFIX)
+}

@@ -1,0 +1,410 @@
+//! The checks every load (and `gateway -t`) runs beyond the types: ranges, relations
+//! between fields, addresses, URLs, CIDRs, key files. Each error names its field.
+
+use ipnet::IpNet;
+use seckill_daemon::config::{ensure, ensure_range, FieldError, Validate};
+
+use super::tls::check_tls_files;
+use super::*;
+
+fn check_bucket(b: &Bucket, field: &str) -> Result<(), FieldError> {
+    ensure(
+        b.rate.is_finite() && b.rate > 0.0,
+        &format!("{field}.rate"),
+        "must be a positive number of tokens per second",
+    )?;
+    ensure(
+        b.burst.is_finite() && b.burst >= 1.0,
+        &format!("{field}.burst"),
+        "must be at least 1",
+    )
+}
+
+fn check_cidrs(list: &[String], field: &str) -> Result<(), FieldError> {
+    for (i, c) in list.iter().enumerate() {
+        ensure(
+            parse_cidr(c).is_some(),
+            &format!("{field}[{i}]"),
+            format!("`{c}` is not an IP address or CIDR"),
+        )?;
+    }
+    Ok(())
+}
+
+/// An IP (as a /32 or /128) or a CIDR.
+pub fn parse_cidr(s: &str) -> Option<IpNet> {
+    let s = s.trim();
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+}
+
+fn check_url(u: &str, field: &str) -> Result<(), FieldError> {
+    ensure(
+        (u.starts_with("http://") || u.starts_with("https://")) && u.parse::<http::Uri>().is_ok(),
+        field,
+        "must be an http:// or https:// URL",
+    )
+}
+
+fn check_addr(a: &str, field: &str) -> Result<(), FieldError> {
+    ensure(
+        a.rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+        field,
+        "must be host:port",
+    )
+}
+
+impl Validate for Config {
+    const RENAMED: &'static [(&'static str, &'static str)] = &[
+        ("server.admin_listen", "admin.listen"),
+        ("server.json_logs", "log.json"),
+    ];
+
+    fn validate(&self) -> Result<(), FieldError> {
+        let s = &self.server;
+        ensure(
+            !s.listen.is_empty() || !s.tls_listen.is_empty(),
+            "server.listen",
+            "needs at least one address",
+        )?;
+        for (i, a) in s.listen.iter().enumerate() {
+            check_addr(a, &format!("server.listen[{i}]"))?;
+        }
+        ensure_range(s.threads, 1..=256, "server.threads")?;
+        check_addr(&self.admin.listen, "admin.listen")?;
+        if !s.tls_listen.is_empty() {
+            check_addr(&s.tls_listen, "server.tls_listen")?;
+            ensure(
+                !s.tls_cert_path.is_empty(),
+                "server.tls_cert_path",
+                "required with tls_listen",
+            )?;
+            ensure(
+                !s.tls_key_path.is_empty(),
+                "server.tls_key_path",
+                "required with tls_listen",
+            )?;
+            check_tls_files(&s.tls_cert_path, &s.tls_key_path)?;
+        }
+        ensure(
+            !s.pid_file.is_empty(),
+            "server.pid_file",
+            "must not be empty",
+        )?;
+        ensure(
+            !s.upgrade_sock.is_empty(),
+            "server.upgrade_sock",
+            "must not be empty",
+        )?;
+
+        let r = &self.redis;
+        ensure(
+            !r.nodes.is_empty(),
+            "redis.nodes",
+            "needs at least one node",
+        )?;
+        for (i, n) in r.nodes.iter().enumerate() {
+            check_addr(n, &format!("redis.nodes[{i}]"))?;
+        }
+        ensure(
+            r.refresh_ms >= 50,
+            "redis.refresh_ms",
+            "must be at least 50",
+        )?;
+        ensure(
+            r.stock_poll_ms >= 10,
+            "redis.stock_poll_ms",
+            "must be at least 10",
+        )?;
+        ensure(r.timeout_ms >= 1, "redis.timeout_ms", "must be at least 1")?;
+
+        let u = &self.upstreams;
+        check_url(&u.stockd, "upstreams.stockd")?;
+        check_url(&u.orderd, "upstreams.orderd")?;
+        ensure(
+            !u.service_token.is_empty() && u.service_token.bytes().all(|b| b.is_ascii_graphic()),
+            "upstreams.service_token",
+            "must be non-empty printable ASCII",
+        )?;
+        ensure(
+            u.connect_timeout_ms >= 1,
+            "upstreams.connect_timeout_ms",
+            "must be at least 1",
+        )?;
+        ensure(
+            u.reserve_deadline_ms >= 1,
+            "upstreams.reserve_deadline_ms",
+            "must be at least 1",
+        )?;
+        ensure(
+            u.order_deadline_ms >= 1,
+            "upstreams.order_deadline_ms",
+            "must be at least 1",
+        )?;
+
+        let a = &self.auth;
+        match a.jwt_alg {
+            JwtAlg::HS256 => ensure(
+                a.jwt_secret.len() >= 16,
+                "auth.jwt_secret",
+                "must be at least 16 bytes for HS256",
+            )?,
+            JwtAlg::RS256 | JwtAlg::ES256 => {
+                ensure(
+                    !a.jwt_public_key_path.is_empty(),
+                    "auth.jwt_public_key_path",
+                    "required for RS256 and ES256",
+                )?;
+                let pem = std::fs::read(&a.jwt_public_key_path).map_err(|e| {
+                    FieldError::new("auth.jwt_public_key_path", format!("cannot read: {e}"))
+                })?;
+                let ok = if a.jwt_alg == JwtAlg::RS256 {
+                    jsonwebtoken::DecodingKey::from_rsa_pem(&pem).is_ok()
+                } else {
+                    jsonwebtoken::DecodingKey::from_ec_pem(&pem).is_ok()
+                };
+                ensure(
+                    ok,
+                    "auth.jwt_public_key_path",
+                    format!("not a PEM {} public key", a.jwt_alg),
+                )?;
+            }
+        }
+        ensure(
+            a.purchase_token_secret.len() >= 16,
+            "auth.purchase_token_secret",
+            "must be at least 16 bytes",
+        )?;
+        ensure_range(
+            a.purchase_token_ttl_secs,
+            1..=86_400,
+            "auth.purchase_token_ttl_secs",
+        )?;
+
+        let l = &self.limits;
+        check_bucket(&l.per_ip, "limits.per_ip")?;
+        check_bucket(&l.per_user, "limits.per_user")?;
+        for (name, b) in &l.routes {
+            ensure(
+                crate::routes::RouteClass::from_name(name).is_some(),
+                &format!("limits.routes.{name}"),
+                "unknown route (token, reserve, orders, activities, payments, dev)",
+            )?;
+            check_bucket(b, &format!("limits.routes.{name}"))?;
+        }
+        ensure(
+            l.max_tracked >= 1024,
+            "limits.max_tracked",
+            "must be at least 1024",
+        )?;
+        ensure(
+            l.idle_evict_secs >= 1,
+            "limits.idle_evict_secs",
+            "must be at least 1",
+        )?;
+
+        let b = &self.bans;
+        check_cidrs(&b.deny, "bans.deny")?;
+        check_cidrs(&b.allow, "bans.allow")?;
+        check_cidrs(&b.trusted_proxies, "bans.trusted_proxies")?;
+        if b.auto_ban_threshold > 0 {
+            ensure(
+                b.auto_ban_window_secs >= 1,
+                "bans.auto_ban_window_secs",
+                "must be at least 1",
+            )?;
+            ensure(
+                b.auto_ban_ttl_secs >= 1,
+                "bans.auto_ban_ttl_secs",
+                "must be at least 1",
+            )?;
+        }
+
+        ensure(
+            self.admission.k.is_finite() && self.admission.k > 0.0,
+            "admission.k",
+            "must be a positive number",
+        )?;
+
+        let p = &self.protection;
+        ensure_range(p.max_header_count, 1..=256, "protection.max_header_count")?;
+        ensure(
+            p.max_header_bytes >= 256,
+            "protection.max_header_bytes",
+            "must be at least 256",
+        )?;
+        ensure(
+            p.max_body_bytes >= 64,
+            "protection.max_body_bytes",
+            "must be at least 64",
+        )?;
+        ensure(
+            p.request_read_ms >= 10,
+            "protection.request_read_ms",
+            "must be at least 10",
+        )?;
+
+        if self.dev.enabled {
+            ensure(
+                a.jwt_alg == JwtAlg::HS256,
+                "dev.enabled",
+                "the dev token endpoint signs HS256 JWTs: needs auth.jwt_alg = \"HS256\"",
+            )?;
+            ensure(
+                self.dev.token_ttl_secs >= 1,
+                "dev.token_ttl_secs",
+                "must be at least 1",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const MINIMAL: &str = r#"
+[redis]
+nodes = ["127.0.0.1:7001"]
+[upstreams]
+stockd = "http://127.0.0.1:50051"
+orderd = "http://127.0.0.1:50052"
+service_token = "t"
+[auth]
+jwt_secret = "0123456789abcdef0123"
+purchase_token_secret = "fedcba9876543210fedc"
+"#;
+
+    fn load(text: &str) -> Result<Config, seckill_daemon::config::ConfigError> {
+        seckill_daemon::config::load_str(text, "g.toml", ENV_PREFIX, Vec::new())
+    }
+
+    #[test]
+    fn a_minimal_file_loads_with_defaults() {
+        let c = load(MINIMAL).unwrap();
+        assert_eq!(c.server.threads, 1);
+        assert_eq!(c.limits.per_ip.burst, 40.0);
+        assert!(!c.dev.enabled);
+        assert_eq!(c.dev.token_ttl_secs, 3600);
+    }
+
+    #[test]
+    fn a_bad_cidr_is_named() {
+        let e = load(&format!(
+            "{MINIMAL}[bans]\ndeny = [\"10.0.0.0/8\", \"nope\"]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("g.toml: bans.deny[1]:"), "{e}");
+    }
+
+    #[test]
+    fn a_short_secret_and_an_unknown_route_are_refused() {
+        let e = load(&MINIMAL.replace("0123456789abcdef0123", "short"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("auth.jwt_secret"), "{e}");
+        let e = load(&format!(
+            "{MINIMAL}[limits.routes]\nwhatever = {{ rate = 1.0, burst = 1.0 }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("limits.routes.whatever"), "{e}");
+    }
+
+    /// MINIMAL with a TLS listener on `cert` and `key`.
+    fn with_tls(cert: &std::path::Path, key: &std::path::Path) -> String {
+        format!(
+            "[server]\ntls_listen = \"127.0.0.1:8443\"\ntls_cert_path = \"{}\"\ntls_key_path = \"{}\"\n{MINIMAL}",
+            cert.display(),
+            key.display()
+        )
+    }
+
+    #[test]
+    fn tls_files_are_loaded_by_validation_and_a_bad_one_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let one = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        let cert = write("cert.pem", &one.cert.pem());
+        let key = write("key.pem", &one.signing_key.serialize_pem());
+        let other_key = write("other.pem", &other.serialize_pem());
+        let garbage = write("garbage.pem", "not pem at all\n");
+
+        let c = load(&with_tls(&cert, &key)).unwrap();
+        assert_eq!(c.server.tls_listen, "127.0.0.1:8443");
+
+        for (cert, key, field, says) in [
+            (
+                &cert,
+                &dir.join("missing.pem"),
+                "server.tls_key_path",
+                "cannot read",
+            ),
+            (
+                &dir.join("missing.pem"),
+                &key,
+                "server.tls_cert_path",
+                "cannot read",
+            ),
+            (&garbage, &key, "server.tls_cert_path", "no PEM certificate"),
+            (&key, &key, "server.tls_cert_path", "no PEM certificate"),
+            (&cert, &garbage, "server.tls_key_path", "no PEM private key"),
+            (&cert, &cert, "server.tls_key_path", "no PEM private key"),
+            (
+                &cert,
+                &other_key,
+                "server.tls_key_path",
+                "not usable with the certificate",
+            ),
+            (&cert, &dir, "server.tls_key_path", "cannot read"),
+        ] {
+            let e = load(&with_tls(cert, key)).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("g.toml: {field}: ")), "{e}");
+            assert!(e.contains(says), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        let e = load(&with_tls(&cert, std::path::Path::new("")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("server.tls_key_path: required with tls_listen"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dev_tokens_need_hs256() {
+        let e = load(&format!(
+            "{}[dev]\nenabled = true\n",
+            MINIMAL.replace(
+                "[auth]",
+                "[auth]\njwt_alg = \"RS256\"\njwt_public_key_path = \"/nonexistent\""
+            )
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("auth.jwt_public_key_path"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_jwt_alg_names_the_field_and_the_choices() {
+        let e = load(&MINIMAL.replace("[auth]\n", "[auth]\njwt_alg = \"none\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("g.toml: auth.jwt_alg:"), "{e}");
+        assert!(
+            e.contains("HS256") && e.contains("RS256") && e.contains("ES256"),
+            "{e}"
+        );
+    }
+}
