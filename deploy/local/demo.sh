@@ -57,7 +57,7 @@ if [ "$UP" = 1 ]; then
 elif [ "${SKIP_BUILD:-0}" != 1 ]; then
     build_bins
 fi
-for b in seckillctl crowd; do [ -x "$BIN/$b" ] || die "$BIN/$b is missing (build: cargo build --bins -p stockd -p seckill-tests)"; done
+for b in seckillctl crowd; do [ -x "$BIN/$b" ] || die "$BIN/$b is missing (build: cargo build --bins -p stockd -p seckill-crowd)"; done
 GATEWAY=http://127.0.0.1:8080
 
 # ---------------------------------------------------------------- the demo activity

@@ -58,7 +58,7 @@ async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss(
     gw.wait_activity(sale.id).await;
 
     let out = tempfile::tempdir().expect("tempdir");
-    let exe = env!("CARGO_BIN_EXE_crowd");
+    let exe = seckill_tests::process::workspace_bin("crowd");
     let args = [
         "--gateway".to_string(),
         gw.base_url(),

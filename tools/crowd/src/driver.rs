@@ -6,6 +6,9 @@
 //! Every answer of the token and reserve routes goes into [`Stats`]; every 202 goes into
 //! the holdings, from which the client-side checks come (two distinct reservations for
 //! one user and item, a retry with the same request id answered with another id).
+//!
+//! (Over 400 lines: one buyer's behaviour, the bots and the run loop share the plan
+//! and the counters; split, each part would be a fragment of one state machine.)
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};

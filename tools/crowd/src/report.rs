@@ -1,5 +1,8 @@
 //! The report: one [`Report`] value, written as `report.json`, drawn as `report.html`
 //! (inline SVG, no external URL) and printed on the terminal.
+//!
+//! (Over 400 lines: the report's model, its terminal table and its HTML/SVG drawing
+//! share one value and change together; the drawing is most of it.)
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
