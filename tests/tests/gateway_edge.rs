@@ -3,99 +3,13 @@
 //! MariaDB. The gateway is the built binary (`cargo build -p gateway --bins`).
 
 use seckill_tests::gateway::{
-    bucket, set, spawn_gateway, spawn_gateway_unready, GatewayHandle, PausableProxy, RawHttp, Stack,
+    bucket, call, set, spawn_gateway, spawn_gateway_unready, PausableProxy, RawHttp, Stack,
 };
 use seckill_tests::process::{free_port, wait_until_async};
 use seckill_tests::stockd::create_published_activity;
 use seckill_tests::{init_tracing, RedisCluster};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-struct Answer {
-    status: u16,
-    body: Value,
-    retry_after: Option<String>,
-}
-
-async fn call(
-    method: reqwest::Method,
-    url: String,
-    jwt: Option<&str>,
-    body: Option<Value>,
-    xff: Option<&str>,
-) -> Answer {
-    let mut req = reqwest::Client::new().request(method, url);
-    if let Some(t) = jwt {
-        req = req.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    if let Some(ip) = xff {
-        req = req.header("x-forwarded-for", ip);
-    }
-    let r = req.send().await.expect("request");
-    let status = r.status().as_u16();
-    let retry_after = r
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let text = r.text().await.unwrap_or_default();
-    Answer {
-        status,
-        body: serde_json::from_str(&text).unwrap_or(Value::Null),
-        retry_after,
-    }
-}
-
-async fn get(gw: &GatewayHandle, path: &str, jwt: Option<&str>) -> Answer {
-    call(
-        reqwest::Method::GET,
-        format!("{}{path}", gw.base_url()),
-        jwt,
-        None,
-        None,
-    )
-    .await
-}
-
-async fn post(gw: &GatewayHandle, path: &str, jwt: Option<&str>, body: Value) -> Answer {
-    call(
-        reqwest::Method::POST,
-        format!("{}{path}", gw.base_url()),
-        jwt,
-        Some(body),
-        None,
-    )
-    .await
-}
-
-async fn purchase_token(gw: &GatewayHandle, jwt: &str, a: u64, s: u64) -> String {
-    let r = post(
-        gw,
-        &format!("/api/v1/activities/{a}/items/{s}/token"),
-        Some(jwt),
-        json!({}),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.body["purchase_token"].as_str().unwrap().to_string()
-}
-
-async fn reserve(gw: &GatewayHandle, jwt: &str, a: u64, s: u64, token: &str) -> Answer {
-    post(
-        gw,
-        &format!("/api/v1/activities/{a}/items/{s}/reserve"),
-        Some(jwt),
-        json!({"purchase_token": token}),
-    )
-    .await
-}
-
-fn code(a: &Answer) -> &str {
-    a.body["error"]["code"].as_str().unwrap_or("")
-}
 
 use seckill_lua::clock::unix_ms;
 
@@ -107,54 +21,56 @@ async fn a_full_buy_then_pay_flow_goes_through_the_edge() {
     gw.wait_activity(act.id).await;
     let (a, item) = (act.id, act.items[0].id);
 
-    let listed = get(&gw, "/api/v1/activities", None).await;
+    let listed = gw.get("/api/v1/activities", None).await;
     assert_eq!(listed.status, 200);
     assert!(listed.body["activities"]
         .as_array()
         .unwrap()
         .iter()
         .any(|x| x["id"] == a));
-    let one = get(&gw, &format!("/api/v1/activities/{a}"), None).await;
+    let one = gw.get(&format!("/api/v1/activities/{a}"), None).await;
     assert_eq!(one.body["activity"]["state"], "open");
     assert_eq!(one.body["activity"]["items"][0]["stock"], 5);
 
     let jwt = gw.dev_token("alice").await;
-    let token = purchase_token(&gw, &jwt, a, item).await;
-    let r = reserve(&gw, &jwt, a, item, &token).await;
+    let token = gw.purchase_token(&jwt, a, item).await;
+    let r = gw.reserve(&jwt, a, item, &token).await;
     assert_eq!(r.status, 202, "{}", r.body);
     assert_eq!(r.body["state"], "QUEUED");
     let order_id = r.body["order_id"].as_str().unwrap().to_string();
 
     // The same token again is the same reservation (idempotent), not a second unit.
-    let again = reserve(&gw, &jwt, a, item, &token).await;
+    let again = gw.reserve(&jwt, a, item, &token).await;
     assert_eq!(again.status, 202, "{}", again.body);
     assert_eq!(again.body["order_id"], order_id.as_str());
     // A new token is a second attempt by the same user: duplicate.
-    let token2 = purchase_token(&gw, &jwt, a, item).await;
-    let dup = reserve(&gw, &jwt, a, item, &token2).await;
+    let token2 = gw.purchase_token(&jwt, a, item).await;
+    let dup = gw.reserve(&jwt, a, item, &token2).await;
     assert_eq!(dup.status, 409, "{}", dup.body);
-    assert_eq!(code(&dup), "duplicate");
+    assert_eq!(dup.code(), "duplicate");
     assert_eq!(dup.body["reservation_id"], order_id.as_str());
 
     let path = format!("/api/v1/orders/{order_id}");
     wait_until_async("the order in MySQL", Duration::from_secs(20), || {
         let (gw, jwt, path) = (&gw, &jwt, &path);
-        async move { get(gw, path, Some(jwt)).await.body["state"] == "PENDING_PAYMENT" }
+        async move { gw.get(path, Some(jwt)).await.body["state"] == "PENDING_PAYMENT" }
     })
     .await;
     // Someone else's order is not visible.
     let bob = gw.dev_token("bob").await;
-    let other = get(&gw, &path, Some(&bob)).await;
+    let other = gw.get(&path, Some(&bob)).await;
     assert_eq!(other.status, 403, "{}", other.body);
 
-    let paid = post(&gw, &format!("{path}/pay"), Some(&jwt), json!({})).await;
+    let paid = gw.post(&format!("{path}/pay"), Some(&jwt), json!({})).await;
     assert_eq!(paid.status, 200, "{}", paid.body);
     assert_eq!(paid.body["outcome"], "applied");
     assert_eq!(paid.body["order"]["state"], "PAID");
-    let mine = get(&gw, "/api/v1/orders", Some(&jwt)).await;
+    let mine = gw.get("/api/v1/orders", Some(&jwt)).await;
     assert_eq!(mine.body["orders"][0]["id"], order_id.as_str());
     // Cancelling a paid order loses: 409 with the final state.
-    let cancel = post(&gw, &format!("{path}/cancel"), Some(&jwt), json!({})).await;
+    let cancel = gw
+        .post(&format!("{path}/cancel"), Some(&jwt), json!({}))
+        .await;
     assert_eq!(cancel.status, 409, "{}", cancel.body);
     assert_eq!(cancel.body["order"]["state"], "PAID");
 }
@@ -168,30 +84,34 @@ async fn a_sold_out_item_is_answered_410_at_the_edge_without_calling_stockd() {
     let (a, item) = (act.id, act.items[0].id);
     for user in ["u1", "u2"] {
         let jwt = gw.dev_token(user).await;
-        let t = purchase_token(&gw, &jwt, a, item).await;
-        assert_eq!(reserve(&gw, &jwt, a, item, &t).await.status, 202);
+        let t = gw.purchase_token(&jwt, a, item).await;
+        assert_eq!(gw.reserve(&jwt, a, item, &t).await.status, 202);
     }
     let path = format!("/api/v1/activities/{a}");
-    wait_until_async("the sold-out flag at the edge", Duration::from_secs(10), || {
-        let (gw, path) = (&gw, &path);
-        async move { get(gw, path, None).await.body["activity"]["items"][0]["sold_out"] == true }
-    })
+    wait_until_async(
+        "the sold-out flag at the edge",
+        Duration::from_secs(10),
+        || {
+            let (gw, path) = (&gw, &path);
+            async move { gw.get(path, None).await.body["activity"]["items"][0]["sold_out"] == true }
+        },
+    )
     .await;
     let seen = s.reservations_seen_by_stockd();
     let jwt = gw.dev_token("late").await;
     // No token can be had for a sold-out item, and reserves are refused at the edge.
-    let t = post(
-        &gw,
-        &format!("/api/v1/activities/{a}/items/{item}/token"),
-        Some(&jwt),
-        json!({}),
-    )
-    .await;
+    let t = gw
+        .post(
+            &format!("/api/v1/activities/{a}/items/{item}/token"),
+            Some(&jwt),
+            json!({}),
+        )
+        .await;
     assert_eq!(t.status, 410);
-    let crowd = (0..50).map(|_| reserve(&gw, &jwt, a, item, "whatever"));
+    let crowd = (0..50).map(|_| gw.reserve(&jwt, a, item, "whatever"));
     for r in futures::future::join_all(crowd).await {
         assert_eq!(r.status, 410, "{}", r.body);
-        assert_eq!(code(&r), "sold_out");
+        assert_eq!(r.code(), "sold_out");
     }
     assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
@@ -211,20 +131,24 @@ async fn before_the_window_token_and_reserve_answer_425_with_the_opening_time() 
     gw.wait_activity(act.id).await;
     let jwt = gw.dev_token("early").await;
     let base = format!("/api/v1/activities/{}/items/{}", act.id, act.items[0].id);
-    let t = post(&gw, &format!("{base}/token"), Some(&jwt), json!({})).await;
+    let t = gw
+        .post(&format!("{base}/token"), Some(&jwt), json!({}))
+        .await;
     assert_eq!(t.status, 425, "{}", t.body);
-    assert_eq!(code(&t), "too_early");
+    assert_eq!(t.code(), "too_early");
     assert_eq!(t.body["start_at_ms"], act.start_at_ms);
     assert!(t.body["server_time_ms"].as_i64().unwrap() < act.start_at_ms);
-    let r = post(
-        &gw,
-        &format!("{base}/reserve"),
-        Some(&jwt),
-        json!({"purchase_token": "x"}),
-    )
-    .await;
+    let r = gw
+        .post(
+            &format!("{base}/reserve"),
+            Some(&jwt),
+            json!({"purchase_token": "x"}),
+        )
+        .await;
     assert_eq!(r.status, 425);
-    let listed = get(&gw, &format!("/api/v1/activities/{}", act.id), None).await;
+    let listed = gw
+        .get(&format!("/api/v1/activities/{}", act.id), None)
+        .await;
     assert_eq!(listed.body["activity"]["state"], "upcoming");
 }
 
@@ -238,61 +162,59 @@ async fn bad_or_expired_jwts_get_401_and_missing_or_forged_purchase_tokens_get_4
     let seen = s.reservations_seen_by_stockd();
     let tok_path = format!("/api/v1/activities/{a}/items/{i1}/token");
 
-    let none = post(&gw, &tok_path, None, json!({})).await;
-    assert_eq!((none.status, code(&none)), (401, "unauthenticated"));
+    let none = gw.post(&tok_path, None, json!({})).await;
+    assert_eq!((none.status, none.code()), (401, "unauthenticated"));
     let expired = gw.jwt("alice", 60, unix_ms() - 3_600_000);
-    let r = post(&gw, &tok_path, Some(&expired), json!({})).await;
-    assert_eq!((r.status, code(&r)), (401, "unauthenticated"));
+    let r = gw.post(&tok_path, Some(&expired), json!({})).await;
+    assert_eq!((r.status, r.code()), (401, "unauthenticated"));
     let good = gw.jwt("alice", 60, unix_ms());
     let mut forged = good.clone();
     forged.truncate(good.len() - 2);
     forged.push_str("xx");
     assert_eq!(
-        post(&gw, &tok_path, Some(&forged), json!({})).await.status,
+        gw.post(&tok_path, Some(&forged), json!({})).await.status,
         401
     );
     assert_eq!(
-        post(&gw, &tok_path, Some("garbage"), json!({}))
-            .await
-            .status,
+        gw.post(&tok_path, Some("garbage"), json!({})).await.status,
         401
     );
 
     let jwt = gw.dev_token("alice").await;
     let bob = gw.dev_token("bob").await;
-    let t1 = purchase_token(&gw, &jwt, a, i1).await;
-    let missing = post(
-        &gw,
-        &format!("/api/v1/activities/{a}/items/{i1}/reserve"),
-        Some(&jwt),
-        json!({}),
-    )
-    .await;
+    let t1 = gw.purchase_token(&jwt, a, i1).await;
+    let missing = gw
+        .post(
+            &format!("/api/v1/activities/{a}/items/{i1}/reserve"),
+            Some(&jwt),
+            json!({}),
+        )
+        .await;
     assert_eq!(
-        (missing.status, code(&missing)),
+        (missing.status, missing.code()),
         (403, "bad_purchase_token")
     );
     // Another item's token, another user's token, a forged one.
-    let other_item = reserve(&gw, &jwt, a, i2, &t1).await;
+    let other_item = gw.reserve(&jwt, a, i2, &t1).await;
     assert_eq!(
-        (other_item.status, code(&other_item)),
+        (other_item.status, other_item.code()),
         (403, "bad_purchase_token")
     );
-    let other_user = reserve(&gw, &bob, a, i1, &t1).await;
+    let other_user = gw.reserve(&bob, a, i1, &t1).await;
     assert_eq!(
-        (other_user.status, code(&other_user)),
+        (other_user.status, other_user.code()),
         (403, "bad_purchase_token")
     );
     let (exp, _) = t1.split_once('.').unwrap();
-    let forged = reserve(
-        &gw,
-        &jwt,
-        a,
-        i1,
-        &format!("{exp}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
-    )
-    .await;
-    assert_eq!((forged.status, code(&forged)), (403, "bad_purchase_token"));
+    let forged = gw
+        .reserve(
+            &jwt,
+            a,
+            i1,
+            &format!("{exp}.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        )
+        .await;
+    assert_eq!((forged.status, forged.code()), (403, "bad_purchase_token"));
     assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
 
@@ -315,7 +237,7 @@ async fn a_banned_ip_gets_403_and_a_limited_ip_gets_429_with_retry_after() {
         Some("198.51.100.7"),
     )
     .await;
-    assert_eq!((banned.status, code(&banned)), (403, "banned"));
+    assert_eq!((banned.status, banned.code()), (403, "banned"));
     for _ in 0..2 {
         let ok = call(
             reqwest::Method::GET,
@@ -335,7 +257,7 @@ async fn a_banned_ip_gets_403_and_a_limited_ip_gets_429_with_retry_after() {
         Some("192.0.2.9"),
     )
     .await;
-    assert_eq!((limited.status, code(&limited)), (429, "rate_limited"));
+    assert_eq!((limited.status, limited.code()), (429, "rate_limited"));
     let retry: u64 = limited.retry_after.expect("Retry-After").parse().unwrap();
     assert!((1..=5).contains(&retry), "{retry}");
     // Another client is not limited by it; a client cannot spoof past the proxy hop.
@@ -429,13 +351,13 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
     let (a, item) = (act.id, act.items[0].id);
     let (j1, j2) = (gw.dev_token("first").await, gw.dev_token("second").await);
     let (t1, t2) = (
-        purchase_token(&gw, &j1, a, item).await,
-        purchase_token(&gw, &j2, a, item).await,
+        gw.purchase_token(&j1, a, item).await,
+        gw.purchase_token(&j2, a, item).await,
     );
     // Warm the gRPC connection through the proxy, then hold the first call in flight.
     let warm = gw.dev_token("warm").await;
-    let tw = purchase_token(&gw, &warm, a, item).await;
-    assert_eq!(reserve(&gw, &warm, a, item, &tw).await.status, 202);
+    let tw = gw.purchase_token(&warm, a, item).await;
+    assert_eq!(gw.reserve(&warm, a, item, &tw).await.status, 202);
     proxy.pause();
     let seen = s.reservations_seen_by_stockd();
     let gw2 = &gw;
@@ -468,9 +390,9 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
     )
     .await;
     // The cap is ceil(0.1 x 9 remaining) = 1: with the first in flight, the second is busy.
-    let second = reserve(&gw, &j2, a, item, &t2).await;
+    let second = gw.reserve(&j2, a, item, &t2).await;
     assert_eq!(
-        (second.status, code(&second)),
+        (second.status, second.code()),
         (429, "busy"),
         "{}",
         second.body
@@ -480,7 +402,7 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
     proxy.resume();
     assert_eq!(first.await.unwrap().status, 202);
     // With the slot free again, the second gets through.
-    assert_eq!(reserve(&gw, &j2, a, item, &t2).await.status, 202);
+    assert_eq!(gw.reserve(&j2, a, item, &t2).await.status, 202);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,11 +418,11 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
     .await;
     gw.wait_activity(a).await;
     let jwt = gw.dev_token("u").await;
-    let t = purchase_token(&gw, &jwt, a, item).await;
+    let t = gw.purchase_token(&jwt, a, item).await;
     let started = Instant::now();
-    let r = reserve(&gw, &jwt, a, item, &t).await;
+    let r = gw.reserve(&jwt, a, item, &t).await;
     assert_eq!(
-        (r.status, code(&r)),
+        (r.status, r.code()),
         (503, "backend_unavailable"),
         "{}",
         r.body
@@ -525,12 +447,12 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
     .await;
     gw.wait_activity(a).await;
     let jwt = gw.dev_token("u2").await;
-    let t = purchase_token(&gw, &jwt, a, item).await;
+    let t = gw.purchase_token(&jwt, a, item).await;
     proxy.pause();
     let started = Instant::now();
-    let r = reserve(&gw, &jwt, a, item, &t).await;
+    let r = gw.reserve(&jwt, a, item, &t).await;
     assert_eq!(
-        (r.status, code(&r)),
+        (r.status, r.code()),
         (503, "backend_unavailable"),
         "{}",
         r.body
@@ -600,20 +522,22 @@ async fn oversized_headers_and_bodies_and_bad_requests_get_4xx() {
         .await
         .unwrap();
     assert_eq!(bad_json.status(), 400);
-    let bad_field = post(&gw, "/api/v1/dev/token", None, json!({"user_id": ""})).await;
-    assert_eq!((bad_field.status, code(&bad_field)), (400, "bad_request"));
+    let bad_field = gw
+        .post("/api/v1/dev/token", None, json!({"user_id": ""}))
+        .await;
+    assert_eq!((bad_field.status, bad_field.code()), (400, "bad_request"));
     assert!(bad_field.body["error"]["message"]
         .as_str()
         .unwrap()
         .contains("user_id"));
-    let unknown = get(&gw, "/api/v1/nope", None).await;
-    assert_eq!((unknown.status, code(&unknown)), (404, "not_found"));
-    let wrong_method = get(&gw, "/api/v1/dev/token", None).await;
+    let unknown = gw.get("/api/v1/nope", None).await;
+    assert_eq!((unknown.status, unknown.code()), (404, "not_found"));
+    let wrong_method = gw.get("/api/v1/dev/token", None).await;
     assert_eq!(
-        (wrong_method.status, code(&wrong_method)),
+        (wrong_method.status, wrong_method.code()),
         (405, "method_not_allowed")
     );
-    let bad_id = get(&gw, "/api/v1/activities/abc", None).await;
+    let bad_id = gw.get("/api/v1/activities/abc", None).await;
     assert_eq!(bad_id.status, 404);
 }
 
@@ -695,8 +619,8 @@ async fn the_order_events_stream_pushes_each_state_change_until_paid() {
     let gw = s.gateway(|_| {}).await;
     gw.wait_activity(act.id).await;
     let jwt = gw.dev_token("watcher").await;
-    let t = purchase_token(&gw, &jwt, act.id, act.items[0].id).await;
-    let r = reserve(&gw, &jwt, act.id, act.items[0].id, &t).await;
+    let t = gw.purchase_token(&jwt, act.id, act.items[0].id).await;
+    let r = gw.reserve(&jwt, act.id, act.items[0].id, &t).await;
     let id = r.body["order_id"].as_str().unwrap().to_string();
     let url = format!(
         "{}/api/v1/orders/{id}/events?access_token={jwt}",
@@ -718,13 +642,9 @@ async fn the_order_events_stream_pushes_each_state_change_until_paid() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.contains("event: order\ndata: {"), "{seen}");
-    let paid = post(
-        &gw,
-        &format!("/api/v1/orders/{id}/pay"),
-        Some(&jwt),
-        json!({}),
-    )
-    .await;
+    let paid = gw
+        .post(&format!("/api/v1/orders/{id}/pay"), Some(&jwt), json!({}))
+        .await;
     assert_eq!(paid.status, 200);
     while let Some(chunk) = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
         .await

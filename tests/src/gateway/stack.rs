@@ -1,0 +1,75 @@
+//! [`Stack`]: the whole back end an edge test stands in front of (a Redis Cluster, a
+//! fresh database, stockd and orderd in this process), and its gateway.
+
+use super::{spawn_gateway, GatewayHandle};
+use std::time::Duration;
+
+use crate::RedisCluster;
+
+/// The whole back end an edge test stands in front of: a Redis Cluster, a fresh
+/// database, and stockd and orderd in this process.
+#[cfg(all(feature = "stockd", feature = "orderd"))]
+pub struct Stack {
+    pub redis: RedisCluster,
+    pub db: crate::TestDb,
+    pub stockd: crate::stockd::StockdHandle,
+    pub orderd: crate::orderd::OrderdHandle,
+}
+
+#[cfg(all(feature = "stockd", feature = "orderd"))]
+impl Stack {
+    pub async fn start() -> Self {
+        crate::init_tracing();
+        let redis = RedisCluster::start();
+        let db = crate::TestDb::create().await;
+        let stockd = crate::stockd::spawn_stockd(&redis, &db).await;
+        let orderd = crate::orderd::spawn_orderd(&redis, &db).await;
+        Self {
+            redis,
+            db,
+            stockd,
+            orderd,
+        }
+    }
+
+    /// A gateway (the built binary) in front of this stack, its config adjusted by `tweak`.
+    pub async fn gateway(&self, tweak: impl FnOnce(&mut gateway::toml::Table)) -> GatewayHandle {
+        spawn_gateway(
+            &self.redis,
+            &self.stockd.addr,
+            &self.orderd.addr_str(),
+            tweak,
+        )
+        .await
+    }
+
+    /// An open activity (started now, an hour long) over 2 shards with these
+    /// `(units, price in cents)` items.
+    pub async fn open_activity(&self, items: &[(u32, i64)]) -> seckill_proto::pb::Activity {
+        crate::stockd::create_published_activity(
+            &self.stockd,
+            items,
+            2,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        )
+        .await
+    }
+
+    /// Reserve calls stockd has answered, whatever the outcome.
+    pub fn reservations_seen_by_stockd(&self) -> u64 {
+        self.stockd
+            .metrics
+            .registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "stockd_reservations_total")
+            .flat_map(|f| {
+                f.get_metric()
+                    .iter()
+                    .map(|m| m.get_counter().get_value() as u64)
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+}
