@@ -7,6 +7,9 @@
 //! the value is read as a TOML value, and as a plain string when it is not one),
 //! deserializes, validates, and reports the first problem as one line:
 //! `{file}: {field}: {problem}`.
+//!
+//! (Over 400 lines: the loader, its shared sections and their unit tests; the tests are
+//! half of it.)
 
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};

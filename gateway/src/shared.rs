@@ -155,19 +155,7 @@ pub struct Answered<'a> {
 /// no Redis, no backends.
 #[cfg(test)]
 pub(crate) fn for_test(extra: &str) -> Shared {
-    let text = format!(
-        r#"
-[redis]
-nodes = ["127.0.0.1:7001"]
-[upstreams]
-stockd = "http://127.0.0.1:50051"
-orderd = "http://127.0.0.1:50052"
-service_token = "t"
-[auth]
-jwt_secret = "0123456789abcdef0123"
-purchase_token_secret = "fedcba9876543210fedc"
-{extra}"#
-    );
+    let text = format!("{}{extra}", config::MINIMAL);
     let cfg: Config =
         seckill_daemon::config::load_str(&text, "test.toml", config::ENV_PREFIX, Vec::new())
             .expect("test config");

@@ -7,6 +7,9 @@
 //! touches a shard that already has its fence, so publishing twice never adds
 //! stock; an already published activity whose shards lost their state is recomputed
 //! instead of warmed from scratch.
+//!
+//! (Over 400 lines: AdminService's operations (create, publish and warm, status, reconcile,
+//! bans) share the app state and MySQL snapshot helpers; a file each would split one API.)
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

@@ -9,6 +9,10 @@
 //! repaired by recompute) and never creates one. When a full scan finds every shard
 //! empty, the item is sold out: `SET sk:{a}:soldout:<s>` and a message on
 //! `sk:soldout`; a release that returns a unit clears both.
+//!
+//! (Over 400 lines: Reserve, Release and the rebalancing they fall back to are one path (a
+//! SOLD_OUT home shard leads straight into a move); the group-commit queue is in shard.rs
+//! and batch.rs.)
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

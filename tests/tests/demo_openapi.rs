@@ -11,6 +11,9 @@
 //! `components`, `nullable`), so it would still need the lookup code around it, and it
 //! brings a large dependency tree (regex engines, URL and HTTP resolvers) into the test
 //! crate for ~100 lines of checks. The validator has its own unit tests below.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::path::PathBuf;
 use std::time::Duration;

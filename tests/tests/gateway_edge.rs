@@ -1,6 +1,9 @@
 #![cfg(all(feature = "gateway", feature = "stockd", feature = "orderd"))]
 //! The gateway over real HTTP, in front of real stockd, orderd, Redis Cluster and
 //! MariaDB. The gateway is the built binary (`cargo build -p gateway --bins`).
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use seckill_tests::gateway::{
     bucket, call, set, spawn_gateway, spawn_gateway_unready, PausableProxy, RawHttp, Stack,

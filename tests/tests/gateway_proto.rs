@@ -6,6 +6,9 @@
 //! - TLS: `server.tls_listen` with a certificate generated here (rcgen) serves HTTP/1.1
 //!   and, by ALPN, HTTP/2 to a client that trusts that certificate, with the same JSON
 //!   answers as plain HTTP; a client that does not trust it gets no answer.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use reqwest::{Client, Method, Version};
 use seckill_proto::pb;

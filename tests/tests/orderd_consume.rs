@@ -1,6 +1,9 @@
 #![cfg(feature = "orderd")]
 //! Reservations in the Redis streams become orders in MySQL: exactly once, never an
 //! oversell, poison entries dead-lettered and replayable.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,6 +1,9 @@
 #![cfg(feature = "orderd")]
 //! Orders after the stream: lookups (QUEUED, then PENDING_PAYMENT), pay, cancel, the
 //! signed provider callback, the payment timeout and its race with payment.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! stockd's admin side: publish (idempotent, scheduled, ended windows refused), the
 //! window checks of Reserve, bad input refused with the field named and nothing
 //! changed, bans, reconciliation.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::time::Duration;
 

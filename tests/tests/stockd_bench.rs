@@ -27,6 +27,9 @@
 //! (default 2), and for A/B runs `BENCH_STOCKD_GRPC` / `BENCH_STOCKD_STOCK`: TOML
 //! lines added to stockd's `[grpc]` / `[stock]` sections (default: none, the shipped
 //! defaults).
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

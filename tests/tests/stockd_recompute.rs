@@ -1,6 +1,9 @@
 #![cfg(feature = "stockd")]
 //! Redis losing state mid-sale: stockd rebuilds every shard from MySQL before the
 //! item reopens, answers UNAVAILABLE (never RESERVED) meanwhile, and never oversells.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::collections::HashSet;
 use std::time::Duration;

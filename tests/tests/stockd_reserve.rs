@@ -2,6 +2,9 @@
 //! Reserve and Release under real concurrency on a real 3-master Redis Cluster:
 //! no oversell, one unit per user, every unit sells, retries and releases are
 //! idempotent.
+//!
+//! (Over 400 lines: an integration suite: each test sets up real processes and states its
+//! invariants inline, so the cases read top to bottom.)
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

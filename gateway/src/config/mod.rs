@@ -25,3 +25,17 @@ pub use validate::parse_cidr;
 pub fn load(path: &std::path::Path) -> Result<Config, seckill_daemon::config::ConfigError> {
     seckill_daemon::config::load(path, ENV_PREFIX)
 }
+
+/// The smallest valid file (unit tests of the config and of the filters).
+#[cfg(test)]
+pub(crate) const MINIMAL: &str = r#"
+[redis]
+nodes = ["127.0.0.1:7001"]
+[upstreams]
+stockd = "http://127.0.0.1:50051"
+orderd = "http://127.0.0.1:50052"
+service_token = "t"
+[auth]
+jwt_secret = "0123456789abcdef0123"
+purchase_token_secret = "fedcba9876543210fedc"
+"#;

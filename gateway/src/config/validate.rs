@@ -266,17 +266,7 @@ impl Validate for Config {
 mod tests {
     use super::*;
 
-    pub(crate) const MINIMAL: &str = r#"
-[redis]
-nodes = ["127.0.0.1:7001"]
-[upstreams]
-stockd = "http://127.0.0.1:50051"
-orderd = "http://127.0.0.1:50052"
-service_token = "t"
-[auth]
-jwt_secret = "0123456789abcdef0123"
-purchase_token_secret = "fedcba9876543210fedc"
-"#;
+    use super::super::MINIMAL;
 
     fn load(text: &str) -> Result<Config, seckill_daemon::config::ConfigError> {
         seckill_daemon::config::load_str(text, "g.toml", ENV_PREFIX, Vec::new())

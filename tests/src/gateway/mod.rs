@@ -17,6 +17,9 @@
 //! handle: [`GatewayHandle::get`], [`GatewayHandle::reserve`], ...), [`raw`] (one
 //! HTTP/1.1 connection byte by byte), [`proxy`] (a pausable TCP proxy in front of a
 //! backend), [`stack`] (the back end an edge test stands in front of).
+//!
+//! (Over 400 lines: the handle, the generated config and the start-up with its
+//! fresh-port retry are one child-process life cycle.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
