@@ -23,9 +23,23 @@ use crate::answer::{self, Outcome, Refusal};
 use crate::config;
 use crate::filters::{run, Cx, Flow, AUTHENTICATED, EDGE};
 use crate::forward::Clients;
-use crate::handlers::Req;
 use crate::routes::{self, Route, RouteClass};
-use crate::shared::{Answered, Shared};
+use crate::shared::{Answered, Compiled, Shared};
+use crate::sold_out::ItemLive;
+
+/// What the pipeline learnt of a request before its handler runs.
+pub(crate) struct Req<'a> {
+    /// The policy the request started with (a SIGHUP mid-request does not change it).
+    pub policy: &'a Compiled,
+    pub route: &'a Route,
+    /// The authenticated user, on routes that need one.
+    pub user: Option<String>,
+    /// The item [`crate::filters::Window`] found (token and reserve).
+    pub item: Option<Arc<ItemLive>>,
+    /// Gateway monotonic ms and wall-clock ms at the start of the request.
+    pub now_ms: u64,
+    pub now_unix_ms: u64,
+}
 
 /// Per-request state kept by pingora between phases.
 pub struct Ctx {

@@ -5,8 +5,7 @@ use pingora::prelude::*;
 use pingora::proxy::Session;
 
 use crate::answer::Refusal;
-use crate::handlers::Req;
-use crate::proxy::{Ctx, Gateway};
+use crate::proxy::{Ctx, Gateway, Req};
 use serde_json::json;
 
 impl Gateway {

@@ -7,8 +7,7 @@ use pingora::proxy::Session;
 
 use crate::answer::Outcome;
 use crate::forward::{self, Clients};
-use crate::handlers::Req;
-use crate::proxy::{Ctx, Gateway};
+use crate::proxy::{Ctx, Gateway, Req};
 
 impl Gateway {
     /// The route: `id`'s events for the authenticated user.

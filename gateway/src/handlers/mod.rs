@@ -9,6 +9,9 @@
 //! - [`payments`]: the provider's signed callback.
 //! - [`events`]: an order's states as server-sent events.
 //! - [`dev`]: dev-only JWTs.
+//!
+//! Each handler takes the [`crate::proxy::Req`] the pipeline built; `proxy.rs` calls
+//! the handlers as methods and imports nothing from here.
 
 mod activities;
 mod dev;
@@ -16,23 +19,3 @@ mod events;
 mod orders;
 mod payments;
 mod reserve;
-
-use std::sync::Arc;
-
-use crate::routes::Route;
-use crate::shared::Compiled;
-use crate::sold_out::ItemLive;
-
-/// What the pipeline learnt of a request before its handler runs.
-pub(crate) struct Req<'a> {
-    /// The policy the request started with (a SIGHUP mid-request does not change it).
-    pub policy: &'a Compiled,
-    pub route: &'a Route,
-    /// The authenticated user, on routes that need one.
-    pub user: Option<String>,
-    /// The item [`crate::filters::Window`] found (token and reserve).
-    pub item: Option<Arc<ItemLive>>,
-    /// Gateway monotonic ms and wall-clock ms at the start of the request.
-    pub now_ms: u64,
-    pub now_unix_ms: u64,
-}

@@ -7,8 +7,7 @@ use pingora::proxy::Session;
 use serde_json::json;
 
 use crate::forward;
-use crate::handlers::Req;
-use crate::proxy::{Ctx, Gateway};
+use crate::proxy::{Ctx, Gateway, Req};
 use crate::routes::Route;
 
 impl Gateway {

@@ -7,8 +7,7 @@ use pingora::proxy::Session;
 
 use crate::answer::Refusal;
 use crate::forward;
-use crate::handlers::Req;
-use crate::proxy::{Ctx, Gateway};
+use crate::proxy::{Ctx, Gateway, Req};
 use serde_json::Value;
 
 impl Gateway {

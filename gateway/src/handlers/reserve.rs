@@ -8,8 +8,7 @@ use pingora::proxy::Session;
 use crate::answer::Refusal;
 use crate::filters::{run, Cx, Flow, AFTER_BODY};
 use crate::forward::Reserve;
-use crate::handlers::Req;
-use crate::proxy::{Ctx, Gateway};
+use crate::proxy::{Ctx, Gateway, Req};
 use crate::purchase_token::request_id_from_token;
 use serde_json::{json, Value};
 
