@@ -5,7 +5,7 @@
 //! (Over 400 lines: every field documented (meaning, unit, default) and its validation and
 //! tests beside it.)
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use seckill_daemon::config::{
 pub const ENV_PREFIX: &str = "STOCKD";
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The gRPC port (StockService, AdminService, health, reflection).
@@ -39,7 +39,7 @@ pub struct Config {
 }
 
 /// `[grpc]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpcConfig {
     /// Listen address, `host:port`. Default `127.0.0.1:50051`.
@@ -81,7 +81,7 @@ impl GrpcConfig {
 }
 
 /// `[redis]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
@@ -102,7 +102,7 @@ pub struct RedisConfig {
 }
 
 /// `[mysql]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MysqlConfig {
     /// `mysql://user:password@host:port/database`. Required. Never logged.
@@ -116,7 +116,7 @@ pub struct MysqlConfig {
 }
 
 /// `[stock]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StockConfig {
     /// Units moved per rebalancing step from a donor shard to an empty home shard
@@ -202,6 +202,12 @@ impl Default for StockConfig {
 }
 
 impl Config {
+    /// The config as TOML (a file `load` reads back to the same config; tests write the
+    /// config of a child process with it).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the config serializes")
+    }
+
     /// Reads, overrides from `STOCKD__*` variables, and validates `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         seckill_daemon::config::load(path, ENV_PREFIX)
@@ -411,5 +417,7 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     fn the_test_config_is_valid() {
         let c = Config::for_test(vec!["127.0.0.1:1".into()], "mysql://r@h/d".into(), "t");
         c.validate().unwrap();
+        let back = Config::load_str(&c.to_toml(), "t.toml", []).unwrap();
+        assert_eq!(back.to_toml(), c.to_toml());
     }
 }

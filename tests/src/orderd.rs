@@ -1,4 +1,4 @@
-//! orderd for tests: in-process on port 0 ([`spawn_orderd`], [`spawn_orderd_with`]) or
+//! orderd for tests: in-process on port 0 ([`spawn_orderd`], [`spawn_orderd`]) or
 //! as a child process ([`spawn_orderd_process`], for kill -9), plus seeding helpers
 //! that need no stockd: an activity and its items in MySQL, warmed into Redis with
 //! the real WARM script ([`seed_activity`]), and reservations made with the real
@@ -19,7 +19,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::process::{free_port, workspace_bin, ChildGuard};
-use crate::{RedisCluster, TestDb, SERVICE_TOKEN};
+use crate::{Deps, TestDb, SERVICE_TOKEN};
 
 /// An OrderService client that sends the harness's service token.
 pub type OrderClient = OrderServiceClient<InterceptedService<Channel, AttachToken>>;
@@ -28,8 +28,8 @@ pub type OrderClient = OrderServiceClient<InterceptedService<Channel, AttachToke
 pub const CALLBACK_SECRET: &str = "test-callback-secret-0123456789";
 
 /// orderd's test config for this cluster and database ([`Config::for_test`]).
-pub fn test_config(redis: &RedisCluster, db: &TestDb) -> Config {
-    let mut c = Config::for_test(redis.nodes(), &db.url(), SERVICE_TOKEN);
+pub fn test_config(deps: &Deps<'_>) -> Config {
+    let mut c = Config::for_test(deps.redis.nodes(), &deps.db.url(), SERVICE_TOKEN);
     c.payment.callback_secret = CALLBACK_SECRET.into();
     c
 }
@@ -87,24 +87,11 @@ pub async fn order_client(addr: &str) -> OrderClient {
     OrderServiceClient::with_interceptor(channel, AttachToken::new(SERVICE_TOKEN).unwrap())
 }
 
-/// orderd in-process with [`test_config`], ready (health SERVING) when it returns.
-pub async fn spawn_orderd(redis: &RedisCluster, db: &TestDb) -> OrderdHandle {
-    spawn_orderd_with(redis, db, |_| {}).await
-}
-
-/// [`spawn_orderd`] with a config tweak (short timeouts, batch sizes, ...).
-pub async fn spawn_orderd_with(
-    redis: &RedisCluster,
-    db: &TestDb,
-    tweak: impl FnOnce(&mut Config),
-) -> OrderdHandle {
-    let mut config = test_config(redis, db);
+/// orderd in-process with [`test_config`] + `tweak` (short timeouts, batch sizes, ...),
+/// ready (health SERVING) when it returns. Its listen address is ignored: port 0.
+pub async fn spawn_orderd(deps: &Deps<'_>, tweak: impl FnOnce(&mut Config)) -> OrderdHandle {
+    let mut config = test_config(deps);
     tweak(&mut config);
-    spawn_orderd_config(config).await
-}
-
-/// orderd in-process with exactly `config` (its listen address is ignored: port 0).
-pub async fn spawn_orderd_config(config: Config) -> OrderdHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind port 0");
@@ -156,11 +143,10 @@ impl OrderdProcess {
 /// Starts the `orderd` binary with [`test_config`] + `tweak` on a free port and waits
 /// until it serves.
 pub async fn spawn_orderd_process(
-    redis: &RedisCluster,
-    db: &TestDb,
+    deps: &Deps<'_>,
     tweak: impl FnOnce(&mut Config),
 ) -> OrderdProcess {
-    let mut config = test_config(redis, db);
+    let mut config = test_config(deps);
     // The process's own name: <hostname>-<pid>, so a restart is a new consumer.
     config.consumer.name = None;
     tweak(&mut config);

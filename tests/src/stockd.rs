@@ -1,6 +1,7 @@
-//! stockd for tests: [`spawn_stockd`] runs it in-process on port 0 against the
-//! test's Redis Cluster and database; [`spawn_stockd_process`] runs the built binary
-//! as a child process (for kill tests). [`create_published_activity`] creates and
+//! stockd for tests, in the harness's one style: `spawn_*(&deps, |config| ..)` with a
+//! tweak of the typed [`stockd::Config`]. [`spawn_stockd`] runs it in-process on port 0
+//! against the test's Redis Cluster and database; [`spawn_stockd_process`] runs the built
+//! binary as a child process (for kill tests). [`create_published_activity`] creates and
 //! publishes an activity in one call, for every team's tests.
 
 use std::time::Duration;
@@ -14,7 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::process::{free_port, workspace_bin, ChildGuard};
-use crate::{RedisCluster, TestDb, SERVICE_TOKEN};
+use crate::{Deps, SERVICE_TOKEN};
 
 /// A StockService client that sends the harness' service token.
 pub type StockClient = StockServiceClient<InterceptedService<Channel, AttachToken>>;
@@ -33,9 +34,9 @@ pub async fn admin_client(addr: &str) -> AdminClient {
     AdminServiceClient::with_interceptor(crate::grpc::channel(addr).await, token)
 }
 
-/// The config [`spawn_stockd`] uses, to adjust before [`spawn_stockd_with`].
-pub fn stockd_config(redis: &RedisCluster, db: &TestDb) -> stockd::Config {
-    stockd::Config::for_test(redis.nodes(), db.url(), SERVICE_TOKEN)
+/// The config [`spawn_stockd`] starts from, before the tweak.
+pub fn stockd_config(deps: &Deps<'_>) -> stockd::Config {
+    stockd::Config::for_test(deps.redis.nodes(), deps.db.url(), SERVICE_TOKEN)
 }
 
 /// stockd running in this process. Stops (shutdown signal) when dropped.
@@ -85,14 +86,18 @@ impl Drop for StockdHandle {
     }
 }
 
-/// stockd in-process on port 0 with the harness defaults; returns once it is ready
-/// (health SERVING: activities loaded).
-pub async fn spawn_stockd(redis: &RedisCluster, db: &TestDb) -> StockdHandle {
-    spawn_stockd_with(stockd_config(redis, db)).await
+/// stockd in-process on port 0 with [`stockd_config`] + `tweak`; returns once it is
+/// ready (health SERVING: activities loaded).
+pub async fn spawn_stockd(
+    deps: &Deps<'_>,
+    tweak: impl FnOnce(&mut stockd::Config),
+) -> StockdHandle {
+    let mut config = stockd_config(deps);
+    tweak(&mut config);
+    start_in_process(config).await
 }
 
-/// [`spawn_stockd`] with a config of the test's making.
-pub async fn spawn_stockd_with(config: stockd::Config) -> StockdHandle {
+async fn start_in_process(config: stockd::Config) -> StockdHandle {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind grpc");
@@ -226,37 +231,39 @@ impl StockdProcess {
     }
 }
 
-/// Runs `stockd -c <generated config>` on free ports and waits until it is ready.
-/// Needs `cargo build -p stockd --bins` first.
-pub async fn spawn_stockd_process(redis: &RedisCluster, db: &TestDb) -> StockdProcess {
-    spawn_stockd_process_with(redis, db, "", "").await
-}
-
-/// [`spawn_stockd_process`] with more `[grpc]` and `[stock]` settings (TOML lines).
-pub async fn spawn_stockd_process_with(
-    redis: &RedisCluster,
-    db: &TestDb,
-    grpc: &str,
-    stock: &str,
+/// Runs `stockd -c <generated config>` on free ports with `tweak` applied to the
+/// process's config, and waits until it is ready. Needs `cargo build -p stockd --bins`.
+///
+/// The process's config is the shipped defaults (not [`stockd_config`]'s fast test
+/// timeouts) with fast background loops: a child process is a production-like stockd.
+pub async fn spawn_stockd_process(
+    deps: &Deps<'_>,
+    tweak: impl FnOnce(&mut stockd::Config),
 ) -> StockdProcess {
     let dir = tempfile::Builder::new()
         .prefix("seckill-stockd-")
         .tempdir()
         .expect("tempdir");
     let (grpc_port, admin_port) = (free_port(None), free_port(None));
-    let nodes = redis
+    let nodes = deps
+        .redis
         .nodes()
         .iter()
         .map(|n| format!("\"{n}\""))
         .collect::<Vec<_>>()
         .join(", ");
-    let config = format!(
+    let base = format!(
         "[grpc]\nlisten = \"127.0.0.1:{grpc_port}\"\nservice_token = \"{SERVICE_TOKEN}\"\n\
-         drain_ms = 2000\n{grpc}\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
+         drain_ms = 2000\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
          [redis]\nnodes = [{nodes}]\n[mysql]\nurl = \"{}\"\n\
-         [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n{stock}\n",
-        db.url()
+         [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n",
+        deps.db.url()
     );
+    let mut config = stockd::Config::load_str(&base, "stockd.toml", []).expect("base config");
+    tweak(&mut config);
+    config.grpc.listen = format!("127.0.0.1:{grpc_port}");
+    config.admin.listen = Some(format!("127.0.0.1:{admin_port}"));
+    let config = config.to_toml();
     let path = dir.path().join("stockd.toml");
     std::fs::write(&path, config).expect("write config");
     let mut cmd = std::process::Command::new(workspace_bin("stockd"));
@@ -271,6 +278,26 @@ pub async fn spawn_stockd_process_with(
         child,
         dir,
     }
+}
+
+/// `config` with `toml` (TOML lines of `section`, e.g. `"worker_threads = 1"` for
+/// `"grpc"`) merged in, as the file would have it: for knobs given as text (the bench's
+/// `BENCH_STOCKD_GRPC`). Panics on lines that do not make a valid config.
+pub fn merge_toml(config: &mut stockd::Config, section: &str, toml: &str) {
+    let mut table: toml::Table = config.to_toml().parse().expect("config as TOML");
+    let extra: toml::Table = format!("[{section}]\n{toml}\n")
+        .parse()
+        .unwrap_or_else(|e| panic!("[{section}] {toml:?}: {e}"));
+    for (name, value) in extra {
+        match (table.get_mut(&name), value) {
+            (Some(toml::Value::Table(dst)), toml::Value::Table(src)) => dst.extend(src),
+            (_, value) => {
+                table.insert(name, value);
+            }
+        }
+    }
+    *config = stockd::Config::load_str(&table.to_string(), "merged.toml", [])
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// One Reserve call.

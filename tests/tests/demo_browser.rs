@@ -11,11 +11,12 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`deploy/local/test.sh` installs them);
 //! without them the test prints why it did not run and returns.
 
+use seckill_tests::Deps;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use seckill_tests::gateway::{set, spawn_gateway_unready, GatewayHandle};
+use seckill_tests::gateway::{set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd;
 use seckill_tests::process::free_port;
 use seckill_tests::stockd::{create_published_activity, spawn_stockd};
@@ -246,11 +247,18 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
 
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
-    let gw = spawn_gateway_unready(&redis, &stockd.addr, &orderd.addr_str(), |c| {
-        set(c, "dev", "token_ttl_secs", 3600);
-    })
+    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd.addr,
+            orderd: &orderd.addr_str(),
+        },
+        |c| {
+            set(c, "dev", "token_ttl_secs", 3600);
+        },
+    )
     .await;
     wait_ready(&gw).await;
     // Opens in 8 s: long enough to see the greyed button and the countdown.

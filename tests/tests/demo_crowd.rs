@@ -5,10 +5,11 @@
 //! on — against 60 units over 3 items, and its report.json shows no oversell, no
 //! duplicate, nothing lost and every unit sold.
 
+use seckill_tests::Deps;
 use std::process::Command;
 use std::time::Duration;
 
-use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, GatewayHandle};
+use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd;
 use seckill_tests::stockd::{create_published_activity, spawn_stockd};
 use seckill_tests::{init_tracing, RedisCluster, TestDb, SERVICE_TOKEN};
@@ -30,20 +31,27 @@ async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss(
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
-    let gw = spawn_gateway_unready(&redis, &stockd.addr, &orderd.addr_str(), |c| {
-        // The shipped defaults for people, and an auto-ban the bots will trip.
-        set(c, "limits", "per_ip", bucket(20.0, 40.0));
-        set(c, "limits", "per_user", bucket(5.0, 10.0));
-        set(c, "bans", "auto_ban_threshold", 50);
-        set(c, "bans", "auto_ban_window_secs", 10);
-        set(c, "bans", "auto_ban_ttl_secs", 60);
-        set(c, "dev", "token_ttl_secs", 3600);
-        // Longer than stockd can take on a loaded debug build (its Redis timeout is 3 s):
-        // a deadline hit after stockd reserved tells a buyer 503 for a unit they hold.
-        set(c, "upstreams", "reserve_deadline_ms", 8000);
-    })
+    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd.addr,
+            orderd: &orderd.addr_str(),
+        },
+        |c| {
+            // The shipped defaults for people, and an auto-ban the bots will trip.
+            set(c, "limits", "per_ip", bucket(20.0, 40.0));
+            set(c, "limits", "per_user", bucket(5.0, 10.0));
+            set(c, "bans", "auto_ban_threshold", 50);
+            set(c, "bans", "auto_ban_window_secs", 10);
+            set(c, "bans", "auto_ban_ttl_secs", 60);
+            set(c, "dev", "token_ttl_secs", 3600);
+            // Longer than stockd can take on a loaded debug build (its Redis timeout is 3 s):
+            // a deadline hit after stockd reserved tells a buyer 503 for a unit they hold.
+            set(c, "upstreams", "reserve_deadline_ms", 8000);
+        },
+    )
     .await;
     wait_ready(&gw).await;
     // Opens in 4 s: the crowd logs in first and waits for the server's opening time.

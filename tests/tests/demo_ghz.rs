@@ -3,6 +3,7 @@
 //! reflection (v1, as ghz uses it) describes, send only fields the request message has,
 //! carry the local service token, and their rendered data is accepted by the servers.
 
+use seckill_tests::Deps;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -144,8 +145,8 @@ async fn the_ghz_configs_are_valid_json_and_their_calls_exist_in_the_servers_ref
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
+    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
 
     let reserve = config("reserve.json");
     common_shape(&reserve);

@@ -15,11 +15,12 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Method;
-use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, GatewayHandle};
+use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd;
 use seckill_tests::stockd::{create_published_activity, spawn_stockd};
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
@@ -409,17 +410,24 @@ async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let stockd = spawn_stockd(&redis, &db).await;
-    let orderd = spawn_orderd(&redis, &db).await;
+    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
     let hour = Duration::from_secs(3600);
     // One open activity with a 1-unit item (to sell out) and a roomy one; one upcoming.
     let open =
         create_published_activity(&stockd, &[(1, 500), (50, 900)], 2, Duration::ZERO, hour).await;
     let later = create_published_activity(&stockd, &[(5, 100)], 2, hour, hour).await;
-    let gw = spawn_gateway_unready(&redis, &stockd.addr, &orderd.addr_str(), |c| {
-        set(c, "limits", "per_user", bucket(20.0, 30.0));
-        set(c, "dev", "token_ttl_secs", 3600);
-    })
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd.addr,
+            orderd: &orderd.addr_str(),
+        },
+        |c| {
+            set(c, "limits", "per_user", bucket(20.0, 30.0));
+            set(c, "dev", "token_ttl_secs", 3600);
+        },
+    )
     .await;
     wait_ready(&gw).await;
     gw.wait_activity(open.id).await;

@@ -6,7 +6,8 @@
 //! invariants inline, so the cases read top to bottom.)
 
 use seckill_tests::gateway::{
-    bucket, call, set, spawn_gateway, spawn_gateway_unready, PausableProxy, RawHttp, Stack,
+    bucket, call, set, spawn_gateway, spawn_gateway_unready, EdgeDeps, PausableProxy, RawHttp,
+    Stack,
 };
 use seckill_tests::process::{free_port, wait_until_async};
 use seckill_tests::stockd::create_published_activity;
@@ -344,11 +345,18 @@ async fn the_admission_cap_answers_busy_without_calling_stockd() {
     let s = Stack::start().await;
     let act = s.open_activity(&[(10, 100)]).await;
     let proxy = PausableProxy::start(&s.stockd.addr).await;
-    let gw = spawn_gateway(&s.redis, &proxy.addr, &s.orderd.addr_str(), |c| {
-        set(c, "admission", "k", 0.1);
-        set(c, "admission", "min_in_flight", 1);
-        set(c, "upstreams", "reserve_deadline_ms", 20_000);
-    })
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &s.redis,
+            stockd: &proxy.addr,
+            orderd: &s.orderd.addr_str(),
+        },
+        |c| {
+            set(c, "admission", "k", 0.1);
+            set(c, "admission", "min_in_flight", 1);
+            set(c, "upstreams", "reserve_deadline_ms", 20_000);
+        },
+    )
     .await;
     gw.wait_activity(act.id).await;
     let (a, item) = (act.id, act.items[0].id);
@@ -415,9 +423,16 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
     let (a, item) = (act.id, act.items[0].id);
     // Down: nothing listens on stockd's address.
     let dead = format!("127.0.0.1:{}", free_port(None));
-    let gw = spawn_gateway_unready(&s.redis, &dead, &s.orderd.addr_str(), |c| {
-        set(c, "upstreams", "reserve_deadline_ms", 800);
-    })
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &s.redis,
+            stockd: &dead,
+            orderd: &s.orderd.addr_str(),
+        },
+        |c| {
+            set(c, "upstreams", "reserve_deadline_ms", 800);
+        },
+    )
     .await;
     gw.wait_activity(a).await;
     let jwt = gw.dev_token("u").await;
@@ -444,9 +459,16 @@ async fn stockd_down_or_hung_answers_503_with_retry_after_within_the_deadline() 
 
     // Hung: connected but never answering.
     let proxy = PausableProxy::start(&s.stockd.addr).await;
-    let gw = spawn_gateway(&s.redis, &proxy.addr, &s.orderd.addr_str(), |c| {
-        set(c, "upstreams", "reserve_deadline_ms", 800);
-    })
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &s.redis,
+            stockd: &proxy.addr,
+            orderd: &s.orderd.addr_str(),
+        },
+        |c| {
+            set(c, "upstreams", "reserve_deadline_ms", 800);
+        },
+    )
     .await;
     gw.wait_activity(a).await;
     let jwt = gw.dev_token("u2").await;
@@ -664,7 +686,15 @@ async fn the_web_page_and_the_openapi_document_are_served() {
     init_tracing();
     let redis = RedisCluster::start();
     let dead = format!("127.0.0.1:{}", free_port(None));
-    let gw = spawn_gateway_unready(&redis, &dead, &dead, |_| {}).await;
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &dead,
+            orderd: &dead,
+        },
+        |_| {},
+    )
+    .await;
     let page = reqwest::get(format!("{}/", gw.base_url())).await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(page.headers()["content-type"]
@@ -702,9 +732,16 @@ async fn a_graceful_upgrade_hands_the_listeners_over_without_refusing_a_request(
     // then gives the requests it holds `grace_period_secs` before its runtime drops them.
     // The harness sets 0 (fast shutdowns); with 0 a request accepted in the last instant is
     // reset. The shipped default is 1; 2 leaves room on a loaded 2-core machine.
-    let mut old = spawn_gateway_unready(&redis, &dead, &dead, |c| {
-        set(c, "server", "grace_period_secs", 2);
-    })
+    let mut old = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &dead,
+            orderd: &dead,
+        },
+        |c| {
+            set(c, "server", "grace_period_secs", 2);
+        },
+    )
     .await;
     let url = format!("{}/api/v1/activities", old.base_url());
     // The listing answers 200 before the load starts, so any failure is the upgrade's.

@@ -7,6 +7,7 @@ use seckill_proto::pb::GetOrderRequest;
 use seckill_tests::grpc;
 use seckill_tests::orderd::spawn_orderd;
 use seckill_tests::process::workspace_bin;
+use seckill_tests::Deps;
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 fn workspace_root() -> std::path::PathBuf {
@@ -21,7 +22,7 @@ async fn orderd_serves_health_and_reflection_and_refuses_calls_without_the_token
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let orderd = spawn_orderd(&redis, &db).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
     let addr = orderd.addr_str();
     use tonic_health::pb::health_check_response::ServingStatus;
     assert_eq!(grpc::health(&addr, "").await, ServingStatus::Serving);

@@ -5,12 +5,13 @@
 //! transaction per order (`batch_size = 1`, the same code path), in the same run.
 //! Writes `${RESULTS_DIR:-results}/orderd.tsv` and prints a table.
 
+use seckill_tests::Deps;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use futures::StreamExt;
-use seckill_tests::orderd::{count_all_orders, reserve_direct, seed_activity, spawn_orderd_with};
+use seckill_tests::orderd::{count_all_orders, reserve_direct, seed_activity, spawn_orderd};
 use seckill_tests::{RedisCluster, TestDb};
 
 const SHARDS: u32 = 8;
@@ -51,7 +52,7 @@ async fn drain(
     batch_size: u64,
     target: i64,
 ) -> (f64, Duration) {
-    let orderd = spawn_orderd_with(cluster, db, |c| {
+    let orderd = spawn_orderd(&Deps::new(cluster, db), |c| {
         c.consumer.batch_size = batch_size;
         c.consumer.discovery_interval_ms = 20;
         c.mysql.max_connections = 16;

@@ -5,6 +5,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use seckill_lua::keys;
 use seckill_proto::pb;
 use seckill_tests::orderd::{
     count_all_orders, count_orders, mysql_stock, redis_stock, reserve_direct, seed_activity,
-    spawn_orderd_with, wait_orders,
+    spawn_orderd, wait_orders,
 };
 use seckill_tests::process::wait_until_async;
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
@@ -67,7 +68,7 @@ async fn a_thousand_reservations_become_a_thousand_orders_and_redelivery_adds_no
     // More units than buyers: without stockd's rebalancing a home shard may run dry.
     let seeded = seed_activity(&redis, &db, 8, &[(2000, 990)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let _orderd = spawn_orderd_with(&cluster, &db, |c| {
+    let _orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
         c.consumer.claim_idle_ms = 300;
         c.consumer.batch_size = 100;
     })
@@ -171,7 +172,7 @@ async fn when_redis_overcounts_the_extra_reservations_fail_and_mysql_stock_never
         .execute(db.pool())
         .await
         .unwrap();
-    let _orderd = spawn_orderd_with(&cluster, &db, |c| c.consumer.batch_size = 7).await;
+    let _orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| c.consumer.batch_size = 7).await;
     let users: Vec<String> = (0..150).map(|u| format!("buyer-{u}")).collect();
     let rids = reserve_many(&redis, a, s, 4, &users).await;
     assert_eq!(rids.len(), 100, "Redis hands out its 100 units");
@@ -220,7 +221,7 @@ async fn a_poison_entry_is_dead_lettered_after_n_tries_and_replay_creates_the_or
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 2, &[(10, 100)]).await;
     let a = seeded.activity;
-    let orderd = spawn_orderd_with(&cluster, &db, |c| {
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
         c.consumer.claim_idle_ms = 100;
         c.consumer.max_deliveries = 3;
     })
@@ -342,7 +343,7 @@ async fn seckillctl_dlq_lists_and_replays_dead_letters() {
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 1, &[(10, 100)]).await;
     let a = seeded.activity;
-    let orderd = spawn_orderd_with(&cluster, &db, |c| {
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
         c.consumer.claim_idle_ms = 100;
         c.consumer.max_deliveries = 1;
     })
@@ -435,7 +436,7 @@ async fn a_second_reservation_of_a_user_who_holds_an_active_order_fails_without_
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 1, &[(10, 100)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let _orderd = spawn_orderd_with(&cluster, &db, |_| {}).await;
+    let _orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
     let first = reserve_direct(&redis, a, s, 1, "twice", "q1").await;
     assert_eq!(first.outcome, "RESERVED");
     wait_orders(&db, 1, Duration::from_secs(30)).await;

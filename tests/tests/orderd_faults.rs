@@ -2,6 +2,7 @@
 //! orderd under faults: kill -9 mid-stream, MySQL down mid-stream. Nothing lost,
 //! nothing doubled.
 
+use seckill_tests::Deps;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,8 @@ use fred::prelude::*;
 use futures::StreamExt;
 use seckill_lua::keys;
 use seckill_tests::orderd::{
-    count_all_orders, mysql_stock, reserve_direct, seed_activity, spawn_orderd_process,
-    spawn_orderd_with, wait_orders,
+    count_all_orders, mysql_stock, reserve_direct, seed_activity, spawn_orderd,
+    spawn_orderd_process, wait_orders,
 };
 use seckill_tests::process::wait_until_async;
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
@@ -79,7 +80,7 @@ async fn kill_9_of_orderd_mid_stream_loses_nothing_and_doubles_nothing() {
         c.consumer.claim_idle_ms = 1000;
         c.consumer.batch_size = 20;
     };
-    let mut first = spawn_orderd_process(&cluster, &db, tweak).await;
+    let mut first = spawn_orderd_process(&Deps::new(&cluster, &db), tweak).await;
     let users: Vec<String> = (0..2000).map(|u| format!("k9-{u}")).collect();
     let reserver = tokio::spawn(reserve_all(redis.clone(), a, s, 8, users, 8));
     wait_until_async("some orders written", Duration::from_secs(60), || async {
@@ -89,7 +90,7 @@ async fn kill_9_of_orderd_mid_stream_loses_nothing_and_doubles_nothing() {
     first.child.kill();
     let at_kill = count_all_orders(&db).await;
     eprintln!("killed with {at_kill} orders written");
-    let second = spawn_orderd_process(&cluster, &db, tweak).await;
+    let second = spawn_orderd_process(&Deps::new(&cluster, &db), tweak).await;
     let rids = reserver.await.unwrap();
     assert_eq!(rids.len(), 2000);
     wait_orders(&db, 2000, Duration::from_secs(90)).await;
@@ -109,7 +110,7 @@ async fn mysql_down_for_seconds_mid_stream_backs_off_then_drains_the_backlog() {
     let redis = Arc::new(cluster.client().await);
     let seeded = seed_activity(&redis, &db, 4, &[(3000, 100)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let orderd = spawn_orderd_with(&cluster, &db, |c| {
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
         c.consumer.batch_size = 25;
         c.consumer.claim_idle_ms = 1000;
         c.consumer.backoff_base_ms = 50;

@@ -5,6 +5,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use futures::StreamExt;
 use seckill_lua::keys;
 use seckill_proto::pb::{self, ChangeOutcome, OrderState};
 use seckill_tests::orderd::{
-    count_orders, mysql_stock, redis_stock, reserve_direct, seed_activity, spawn_orderd_with,
+    count_orders, mysql_stock, redis_stock, reserve_direct, seed_activity, spawn_orderd,
     wait_orders, OrderClient, CALLBACK_SECRET,
 };
 use seckill_tests::process::wait_until_async;
@@ -69,7 +70,7 @@ async fn an_order_is_queued_then_pending_then_paid_and_watch_sees_each_state() {
         .execute(db.pool())
         .await
         .unwrap();
-    let orderd = spawn_orderd_with(&cluster, &db, |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut client = orderd.order_client().await;
     let r = reserve_direct(&redis, a, s, 4, "alice", "req-1").await;
     assert_eq!(r.outcome, "RESERVED");
@@ -173,7 +174,7 @@ async fn a_cancel_by_its_owner_returns_the_unit_to_mysql_and_redis_once_and_allo
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 1, &[(1, 100)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let orderd = spawn_orderd_with(&cluster, &db, |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut client = orderd.order_client().await;
     let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
     assert_eq!(r.outcome, "RESERVED");
@@ -246,7 +247,10 @@ async fn bad_payment_input_gets_clear_errors_and_changes_nothing() {
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 2, &[(10, 2500)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let orderd = spawn_orderd_with(&cluster, &db, |c| c.payment.freshness_window_secs = 60).await;
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
+        c.payment.freshness_window_secs = 60
+    })
+    .await;
     let mut client = orderd.order_client().await;
     let r1 = reserve_direct(&redis, a, s, 2, "dora", "q").await.rid;
     let r2 = reserve_direct(&redis, a, s, 2, "erin", "q").await.rid;
@@ -370,7 +374,7 @@ async fn when_pay_and_timeout_race_each_order_ends_paid_or_cancelled_and_stock_r
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 4, &[(400, 700)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
-    let orderd = spawn_orderd_with(&cluster, &db, |c| {
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
         c.payment.timeout_secs = 3;
         c.payment.sweep_interval_ms = 20;
     })

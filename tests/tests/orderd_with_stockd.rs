@@ -2,6 +2,7 @@
 //! orderd behind the real stockd: the sale ends with every unit sold exactly once,
 //! and a cancelled unit is sold again.
 
+use seckill_tests::Deps;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -17,8 +18,8 @@ async fn with_stockd_in_front_every_unit_becomes_one_order_and_a_cancelled_unit_
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let stockd = spawn_stockd(&cluster, &db).await;
-    let orderd = spawn_orderd(&cluster, &db).await;
+    let stockd = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
     let activity = create_published_activity(
         &stockd,
         &[(100, 1999)],

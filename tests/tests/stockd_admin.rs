@@ -6,6 +6,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -46,7 +47,7 @@ async fn publishing_twice_never_adds_stock() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
     let a = admin
         .create_activity(good_request())
@@ -93,7 +94,7 @@ async fn reserve_answers_not_started_ended_and_not_found_without_taking_stock() 
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let later = create_published_activity(&h, &[(5, 100)], 2, HOUR, HOUR).await;
     let brief = create_published_activity(
         &h,
@@ -147,7 +148,7 @@ async fn a_scheduled_publish_warms_redis_at_its_time() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
     let a = admin
         .create_activity(good_request())
@@ -209,7 +210,7 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
     type Spoil = Box<dyn Fn(&mut pb::CreateActivityRequest)>;
     let cases: Vec<(&str, Spoil)> = vec![
@@ -308,7 +309,7 @@ async fn bans_are_stored_announced_listed_and_lifted() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let sub = cluster.client().await;
     let mut rx = sub.message_rx();
     sub.subscribe(keys::BANS_CHANNEL).await.unwrap();
@@ -377,7 +378,7 @@ async fn reconcile_counts_reservations_in_flight_and_repairs_only_when_quiet() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(20, 100)], 4, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let mut c = h.stock_client().await;

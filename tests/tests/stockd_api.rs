@@ -2,6 +2,7 @@
 //! stockd's surface: health, reflection, the service token, the admin API and its
 //! input checks.
 
+use seckill_tests::Deps;
 use std::time::Duration;
 
 use seckill_proto::pb;
@@ -15,7 +16,7 @@ async fn stockd_serves_health_reflection_and_refuses_calls_without_the_token() {
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&redis, &db).await;
+    let h = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
     use tonic_health::pb::health_check_response::ServingStatus;
     assert_eq!(grpc::health(&h.addr, "").await, ServingStatus::Serving);
     for svc in ["seckill.v1.StockService", "seckill.v1.AdminService"] {
@@ -52,7 +53,7 @@ async fn an_activity_is_created_published_and_sells_one_unit() {
     init_tracing();
     let redis = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&redis, &db).await;
+    let h = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
     let a = create_published_activity(&h, &[(10, 990)], 4, Duration::ZERO, HOUR).await;
     assert_eq!(a.status, pb::ActivityStatus::Published as i32);
     let item = a.items[0].id;

@@ -31,6 +31,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ use seckill_lua::scripts;
 use seckill_proto::pb;
 use seckill_tests::redis::{request_id, user_id};
 use seckill_tests::stockd::{
-    create_published_activity_with, spawn_stockd_process_with, stock_client, StockdProcess,
+    create_published_activity_with, merge_toml, spawn_stockd_process, stock_client, StockdProcess,
 };
 use seckill_tests::{RedisCluster, TestDb};
 
@@ -394,7 +395,12 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     // (empty = the shipped defaults), e.g. BENCH_STOCKD_GRPC="worker_threads = 1".
     let extra_grpc = std::env::var("BENCH_STOCKD_GRPC").unwrap_or_default();
     let extra_stock = std::env::var("BENCH_STOCKD_STOCK").unwrap_or_default();
-    let p = spawn_stockd_process_with(&cluster, &db, &extra_grpc, &extra_stock).await;
+    let deps = Deps::new(&cluster, &db);
+    let knobs = |c: &mut stockd::Config| {
+        merge_toml(c, "grpc", &extra_grpc);
+        merge_toml(c, "stock", &extra_stock);
+    };
+    let p = spawn_stockd_process(&deps, knobs).await;
     let theirs = create_published_activity_with(
         &mut p.admin_client().await,
         &[(50_000_000, 100)],
@@ -422,12 +428,11 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     // more anchor: a second process (the first one stopped), which leaves the shards
     // it finds intact instead of rebuilding them from the streams the cases above
     // filled.
-    let p = spawn_stockd_process_with(
-        &cluster,
-        &db,
-        &extra_grpc,
-        &format!("{extra_stock}\nrecompute_at_start = false\nreserve_batch_max = 1"),
-    )
+    let p = spawn_stockd_process(&deps, |c| {
+        knobs(c);
+        c.stock.recompute_at_start = false;
+        c.stock.reserve_batch_max = 1;
+    })
     .await;
     let single_anchor = anchor_case(&cluster, item, conc, secs, "du-".into()).await;
     let single = grpc_case(&p, &cluster, conc, secs, "s-".into()).await;

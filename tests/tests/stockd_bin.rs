@@ -2,6 +2,7 @@
 //! The `stockd` and `seckillctl` binaries as an operator runs them. Needs
 //! `cargo build -p stockd --bins` first.
 
+use seckill_tests::Deps;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -78,7 +79,7 @@ async fn seckillctl_creates_publishes_and_reports_an_activity_from_the_example_f
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let addr = h.addr.clone();
     let example = repo("deploy/local/activity.toml");
     let out = tokio::task::spawn_blocking(move || {
@@ -156,7 +157,7 @@ async fn seckillctl_refuses_bad_input_with_a_clear_message_and_a_non_zero_exit()
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let dir = tempfile::tempdir().unwrap();
     let base = std::fs::read_to_string(repo("deploy/local/activity.toml")).unwrap();
     let cases = [
@@ -229,7 +230,7 @@ async fn a_killed_stockd_process_restarts_and_the_sale_goes_on_without_oversell(
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let mut p = spawn_stockd_process(&cluster, &db).await;
+    let mut p = spawn_stockd_process(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = p.admin_client().await;
     let act = create_published_activity_with(
         &mut admin,
@@ -253,7 +254,7 @@ async fn a_killed_stockd_process_restarts_and_the_sale_goes_on_without_oversell(
         }
     }
     p.kill();
-    let p2 = spawn_stockd_process(&cluster, &db).await;
+    let p2 = spawn_stockd_process(&Deps::new(&cluster, &db), |_| {}).await;
     let mut c = p2.stock_client().await;
     for u in 0..20 {
         let r = reserve(&mut c, a, s, &format!("k{u}"), "other")

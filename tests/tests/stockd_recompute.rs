@@ -5,6 +5,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -82,7 +83,7 @@ async fn a_redis_flush_mid_sale_is_recomputed_from_mysql_and_nothing_is_oversold
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(100, 100)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let mut c = h.stock_client().await;
@@ -143,7 +144,7 @@ async fn a_lost_fence_rebuilds_the_activity_keeping_reservations_in_flight() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(50, 100)], 4, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let mut c = h.stock_client().await;
@@ -199,9 +200,10 @@ async fn reserve_answers_unavailable_while_a_node_is_down_and_recovers_after_it_
     init_tracing();
     let mut cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let mut cfg = seckill_tests::stockd::stockd_config(&cluster, &db);
-    cfg.redis.timeout_ms = 300;
-    let h = seckill_tests::stockd::spawn_stockd_with(cfg).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.timeout_ms = 300;
+    })
+    .await;
     let act = create_published_activity(&h, &[(40, 100)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let c = h.stock_client().await;
@@ -305,10 +307,11 @@ async fn a_rewound_shard_with_its_fence_intact_is_caught_at_the_next_reserve_and
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let mut cfg = seckill_tests::stockd::stockd_config(&cluster, &db);
-    // Only the reserve path may find it in this test.
-    cfg.stock.fence_check_ms = 600_000;
-    let h = seckill_tests::stockd::spawn_stockd_with(cfg).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        // Only the reserve path may find it in this test.
+        c.stock.fence_check_ms = 600_000;
+    })
+    .await;
     let shards = 4;
     let act = create_published_activity(&h, &[(100, 100)], shards, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
@@ -374,7 +377,7 @@ async fn a_rewound_shard_is_found_by_the_periodic_check_while_nobody_buys() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let shards = 2;
     let act = create_published_activity(&h, &[(50, 100)], shards, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
@@ -419,9 +422,10 @@ async fn a_busy_healthy_shard_is_never_taken_for_a_rewound_one() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let mut cfg = seckill_tests::stockd::stockd_config(&cluster, &db);
-    cfg.stock.fence_check_ms = 50;
-    let h = seckill_tests::stockd::spawn_stockd_with(cfg).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.stock.fence_check_ms = 50;
+    })
+    .await;
     let act = create_published_activity(&h, &[(1_000_000, 100)], 4, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let c = h.stock_client().await;

@@ -6,6 +6,7 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
+use seckill_tests::Deps;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -89,7 +90,7 @@ async fn two_thousand_concurrent_reservations_from_a_thousand_users_sell_exactly
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let c = h.stock_client().await;
@@ -143,7 +144,7 @@ async fn users_skewed_onto_two_home_shards_still_buy_every_unit() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     // 300 users whose home shard is 0 or 1: the other 6 shards (75 units) must move.
@@ -184,7 +185,7 @@ async fn a_retry_with_the_same_request_id_returns_the_same_reservation() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(5, 500)], 2, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let mut c = h.stock_client().await;
@@ -206,7 +207,7 @@ async fn releasing_twice_returns_one_unit_and_a_late_release_leaves_a_rebuy_alon
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(3, 500)], 2, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
@@ -248,7 +249,7 @@ async fn selling_out_sets_the_flag_and_a_release_clears_it_with_messages() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(2, 500)], 2, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let sub = cluster.client().await;
@@ -316,7 +317,7 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&cluster, &db).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let act = create_published_activity(&h, &[(3, 500), (5, 700)], 1, Duration::ZERO, HOUR).await;
     let (a, s, t) = (act.id, act.items[0].id, act.items[1].id);
     let redis = cluster.client().await;

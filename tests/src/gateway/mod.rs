@@ -218,16 +218,22 @@ enabled = true
     text.parse().expect("generated config is TOML")
 }
 
-/// Starts a gateway for `redis`, stockd at `stockd_addr` and orderd at `orderd_addr`
-/// (`host:port`), with `tweak` applied to the generated config, and waits for
-/// `/readyz` (activities read, backends serving).
+/// What the edge runs against: the Redis Cluster it reads, and the stockd and orderd
+/// it forwards to (`host:port`).
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeDeps<'a> {
+    pub redis: &'a RedisCluster,
+    pub stockd: &'a str,
+    pub orderd: &'a str,
+}
+
+/// Starts a gateway for `deps`, with `tweak` applied to the generated config, and waits
+/// for `/readyz` (activities read, backends serving).
 pub async fn spawn_gateway(
-    redis: &RedisCluster,
-    stockd_addr: &str,
-    orderd_addr: &str,
+    deps: &EdgeDeps<'_>,
     tweak: impl FnOnce(&mut gateway::toml::Table),
 ) -> GatewayHandle {
-    let mut h = start(redis, stockd_addr, orderd_addr, tweak);
+    let mut h = start(deps.redis, deps.stockd, deps.orderd, tweak);
     wait_http(&mut h, "/readyz").await;
     h
 }
@@ -252,12 +258,10 @@ pub fn tls(config: &mut gateway::toml::Table, cert_path: &Path, key_path: &Path)
 
 /// [`spawn_gateway`] that waits only for `/healthz` (for tests with a backend down).
 pub async fn spawn_gateway_unready(
-    redis: &RedisCluster,
-    stockd_addr: &str,
-    orderd_addr: &str,
+    deps: &EdgeDeps<'_>,
     tweak: impl FnOnce(&mut gateway::toml::Table),
 ) -> GatewayHandle {
-    let mut h = start(redis, stockd_addr, orderd_addr, tweak);
+    let mut h = start(deps.redis, deps.stockd, deps.orderd, tweak);
     wait_http(&mut h, "/healthz").await;
     h
 }

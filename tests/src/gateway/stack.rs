@@ -1,7 +1,8 @@
 //! [`Stack`]: the whole back end an edge test stands in front of (a Redis Cluster, a
 //! fresh database, stockd and orderd in this process), and its gateway.
 
-use super::{spawn_gateway, GatewayHandle};
+use super::{spawn_gateway, EdgeDeps, GatewayHandle};
+use crate::Deps;
 use std::time::Duration;
 
 use crate::RedisCluster;
@@ -22,8 +23,8 @@ impl Stack {
         crate::init_tracing();
         let redis = RedisCluster::start();
         let db = crate::TestDb::create().await;
-        let stockd = crate::stockd::spawn_stockd(&redis, &db).await;
-        let orderd = crate::orderd::spawn_orderd(&redis, &db).await;
+        let stockd = crate::stockd::spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+        let orderd = crate::orderd::spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
         Self {
             redis,
             db,
@@ -35,9 +36,11 @@ impl Stack {
     /// A gateway (the built binary) in front of this stack, its config adjusted by `tweak`.
     pub async fn gateway(&self, tweak: impl FnOnce(&mut gateway::toml::Table)) -> GatewayHandle {
         spawn_gateway(
-            &self.redis,
-            &self.stockd.addr,
-            &self.orderd.addr_str(),
+            &EdgeDeps {
+                redis: &self.redis,
+                stockd: &self.stockd.addr,
+                orderd: &self.orderd.addr_str(),
+            },
             tweak,
         )
         .await
