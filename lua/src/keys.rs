@@ -60,6 +60,10 @@ pub const ACTIVITIES_CHANNEL: &str = "sk:activities";
 pub const BANS: &str = "sk:bans";
 /// Channel announcing ban changes; message format in [`crate::messages::BanChange`].
 pub const BANS_CHANNEL: &str = "sk:bans";
+/// Stream of dead letters (orderd appends one entry per dead-lettered reservation
+/// entry, next to the `dead_letters` table): fields `stream`, `entry`, `rid`, `error`,
+/// `deliveries`.
+pub const DLQ_STREAM: &str = "sk:dlq";
 
 /// Field names of the [`meta`] hash.
 pub mod meta {

@@ -23,9 +23,8 @@ use seckill_lua::{ActivityId, ItemId, ReservationId, Shard};
 use crate::config::RedisConfig;
 use crate::error::{Error, Result};
 
-/// Stream of dead letters (one entry per dead-lettered reservation entry):
-/// fields `stream`, `entry`, `rid`, `error`, `deliveries`.
-pub const DLQ_STREAM: &str = "sk:dlq";
+/// Stream of dead letters: the contract's [`keys::DLQ_STREAM`].
+pub use seckill_lua::keys::DLQ_STREAM;
 
 /// One stream entry: its id and its fields.
 #[derive(Debug, Clone)]

@@ -103,7 +103,7 @@ fn only_lua_names_a_script_to_call_or_spells_a_redis_key() {
                 "scripts::TAKE",
                 "scripts::GIVE",
                 "scripts::WARM",
-                "\"sk:{",
+                "\"sk:",
             ] {
                 bad.extend(uses(&f, needle));
             }
