@@ -90,13 +90,7 @@ async fn an_order_is_queued_then_pending_then_paid_and_watch_sees_each_state() {
         tonic::Code::NotFound
     );
     // Paying a queued order is refused without a change.
-    let err = client
-        .pay(pb::PayRequest {
-            order_id: r.rid.clone(),
-            user_id: "alice".into(),
-        })
-        .await
-        .unwrap_err();
+    let err = orderd.pay(&r.rid, "alice").await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
 
     let mut watch = client
@@ -118,14 +112,7 @@ async fn an_order_is_queued_then_pending_then_paid_and_watch_sees_each_state() {
     assert_eq!(pending.state(), OrderState::PendingPayment);
     assert_eq!(pending.amount_cents, 1234);
     assert!(pending.pay_deadline_ms > now_ms());
-    let paid = client
-        .pay(pb::PayRequest {
-            order_id: r.rid.clone(),
-            user_id: "alice".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let paid = orderd.pay(&r.rid, "alice").await.unwrap();
     assert_eq!(paid.outcome(), ChangeOutcome::Applied);
     assert_eq!(paid.order.as_ref().unwrap().state(), OrderState::Paid);
     let last = watch.next().await.unwrap().unwrap();
@@ -135,14 +122,7 @@ async fn an_order_is_queued_then_pending_then_paid_and_watch_sees_each_state() {
         "the stream ends after a final state"
     );
     // Paying again is a harmless retry; cancelling a paid order is a conflict.
-    let again = client
-        .pay(pb::PayRequest {
-            order_id: r.rid.clone(),
-            user_id: "alice".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = orderd.pay(&r.rid, "alice").await.unwrap();
     assert_eq!(again.outcome(), ChangeOutcome::Already);
     let cancel = client
         .cancel(pb::CancelRequest {
