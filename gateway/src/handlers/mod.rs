@@ -9,6 +9,8 @@
 //! - [`payments`]: the provider's signed callback.
 //! - [`events`]: an order's states as server-sent events.
 //! - [`dev`]: dev-only JWTs.
+//! - [`respond`]: the answers they share (refusal, JSON, upstream failure) and the
+//!   bounded body read.
 //!
 //! Each handler takes the [`crate::proxy::Req`] the pipeline built; `proxy.rs` calls
 //! the handlers as methods and imports nothing from here.
@@ -19,3 +21,4 @@ mod events;
 mod orders;
 mod payments;
 mod reserve;
+mod respond;
