@@ -11,16 +11,14 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`deploy/local/test.sh` installs them);
 //! without them the test prints why it did not run and returns.
 
-use seckill_tests::Deps;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use seckill_tests::gateway::{set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
-use seckill_tests::orderd::spawn_orderd;
+use seckill_tests::gateway::{set, GatewayHandle, Stack};
+use seckill_tests::init_tracing;
 use seckill_tests::process::free_port;
-use seckill_tests::stockd::{create_published_activity, spawn_stockd};
-use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use seckill_tests::stockd::create_published_activity;
 use serde_json::{json, Value};
 
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -245,21 +243,18 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
         return;
     };
 
-    let redis = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
-    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
-    let gw = spawn_gateway_unready(
-        &EdgeDeps {
-            redis: &redis,
-            stockd: &stockd.addr,
-            orderd: &orderd.addr_str(),
-        },
-        |c| {
+    let stack = Stack::start().await;
+    let gw = stack
+        .gateway_unready(|c| {
             set(c, "dev", "token_ttl_secs", 3600);
-        },
-    )
-    .await;
+        })
+        .await;
+    let Stack {
+        redis: _redis,
+        db,
+        stockd,
+        orderd: _orderd,
+    } = stack;
     wait_ready(&gw).await;
     // Opens in 8 s: long enough to see the greyed button and the countdown.
     let sale = create_published_activity(

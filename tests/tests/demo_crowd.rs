@@ -5,14 +5,12 @@
 //! on — against 60 units over 3 items, and its report.json shows no oversell, no
 //! duplicate, nothing lost and every unit sold.
 
-use seckill_tests::Deps;
 use std::process::Command;
 use std::time::Duration;
 
-use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
-use seckill_tests::orderd::spawn_orderd;
-use seckill_tests::stockd::{create_published_activity, spawn_stockd};
-use seckill_tests::{init_tracing, RedisCluster, TestDb, SERVICE_TOKEN};
+use seckill_tests::gateway::{bucket, set, GatewayHandle, Stack};
+use seckill_tests::stockd::create_published_activity;
+use seckill_tests::{init_tracing, SERVICE_TOKEN};
 use serde_json::Value;
 
 async fn wait_ready(gw: &GatewayHandle) {
@@ -29,17 +27,9 @@ async fn wait_ready(gw: &GatewayHandle) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss() {
     init_tracing();
-    let redis = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
-    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
-    let gw = spawn_gateway_unready(
-        &EdgeDeps {
-            redis: &redis,
-            stockd: &stockd.addr,
-            orderd: &orderd.addr_str(),
-        },
-        |c| {
+    let stack = Stack::start().await;
+    let gw = stack
+        .gateway_unready(|c| {
             // The shipped defaults for people, and an auto-ban the bots will trip.
             set(c, "limits", "per_ip", bucket(20.0, 40.0));
             set(c, "limits", "per_user", bucket(5.0, 10.0));
@@ -50,9 +40,14 @@ async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss(
             // Longer than stockd can take on a loaded debug build (its Redis timeout is 3 s):
             // a deadline hit after stockd reserved tells a buyer 503 for a unit they hold.
             set(c, "upstreams", "reserve_deadline_ms", 8000);
-        },
-    )
-    .await;
+        })
+        .await;
+    let Stack {
+        redis: _redis,
+        db,
+        stockd,
+        orderd: _orderd,
+    } = stack;
     wait_ready(&gw).await;
     // Opens in 4 s: the crowd logs in first and waits for the server's opening time.
     let sale = create_published_activity(

@@ -15,15 +15,13 @@
 //! (Over 400 lines: an integration suite: each test sets up real processes and states its
 //! invariants inline, so the cases read top to bottom.)
 
-use seckill_tests::Deps;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Method;
-use seckill_tests::gateway::{bucket, set, spawn_gateway_unready, EdgeDeps, GatewayHandle};
-use seckill_tests::orderd::spawn_orderd;
-use seckill_tests::stockd::{create_published_activity, spawn_stockd};
-use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use seckill_tests::gateway::{bucket, set, GatewayHandle, Stack};
+use seckill_tests::init_tracing;
+use seckill_tests::stockd::create_published_activity;
 use serde_json::{json, Value};
 
 /// The OpenAPI document and the checks against it.
@@ -408,27 +406,30 @@ async fn probe_sse(p: &mut Probe, gw: &GatewayHandle, order: &str, jwt: &str) {
 #[tokio::test]
 async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     init_tracing();
-    let redis = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
-    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
+    let stack = Stack::start().await;
     let hour = Duration::from_secs(3600);
     // One open activity with a 1-unit item (to sell out) and a roomy one; one upcoming.
-    let open =
-        create_published_activity(&stockd, &[(1, 500), (50, 900)], 2, Duration::ZERO, hour).await;
-    let later = create_published_activity(&stockd, &[(5, 100)], 2, hour, hour).await;
-    let gw = spawn_gateway_unready(
-        &EdgeDeps {
-            redis: &redis,
-            stockd: &stockd.addr,
-            orderd: &orderd.addr_str(),
-        },
-        |c| {
-            set(c, "limits", "per_user", bucket(20.0, 30.0));
-            set(c, "dev", "token_ttl_secs", 3600);
-        },
+    let open = create_published_activity(
+        &stack.stockd,
+        &[(1, 500), (50, 900)],
+        2,
+        Duration::ZERO,
+        hour,
     )
     .await;
+    let later = create_published_activity(&stack.stockd, &[(5, 100)], 2, hour, hour).await;
+    let gw = stack
+        .gateway_unready(|c| {
+            set(c, "limits", "per_user", bucket(20.0, 30.0));
+            set(c, "dev", "token_ttl_secs", 3600);
+        })
+        .await;
+    let Stack {
+        redis: _redis,
+        db: _db,
+        stockd: _stockd,
+        orderd,
+    } = stack;
     wait_ready(&gw).await;
     gw.wait_activity(open.id).await;
     gw.wait_activity(later.id).await;

@@ -1,7 +1,7 @@
 //! [`Stack`]: the whole back end an edge test stands in front of (a Redis Cluster, a
 //! fresh database, stockd and orderd in this process), and its gateway.
 
-use super::{spawn_gateway, EdgeDeps, GatewayHandle};
+use super::{spawn_gateway, spawn_gateway_unready, EdgeDeps, GatewayHandle};
 use crate::Deps;
 use std::time::Duration;
 
@@ -35,15 +35,34 @@ impl Stack {
 
     /// A gateway (the built binary) in front of this stack, its config adjusted by `tweak`.
     pub async fn gateway(&self, tweak: impl FnOnce(&mut gateway::toml::Table)) -> GatewayHandle {
-        spawn_gateway(
-            &EdgeDeps {
-                redis: &self.redis,
-                stockd: &self.stockd.addr,
-                orderd: &self.orderd.addr_str(),
-            },
-            tweak,
-        )
-        .await
+        self.edge(true, tweak).await
+    }
+
+    /// [`Self::gateway`] that waits only for `/healthz` (the demo suites, which wait for
+    /// their activities themselves).
+    pub async fn gateway_unready(
+        &self,
+        tweak: impl FnOnce(&mut gateway::toml::Table),
+    ) -> GatewayHandle {
+        self.edge(false, tweak).await
+    }
+
+    async fn edge(
+        &self,
+        ready: bool,
+        tweak: impl FnOnce(&mut gateway::toml::Table),
+    ) -> GatewayHandle {
+        let orderd = self.orderd.addr_str();
+        let deps = EdgeDeps {
+            redis: &self.redis,
+            stockd: &self.stockd.addr,
+            orderd: &orderd,
+        };
+        if ready {
+            spawn_gateway(&deps, tweak).await
+        } else {
+            spawn_gateway_unready(&deps, tweak).await
+        }
     }
 
     /// An open activity (started now, an hour long) over 2 shards with these
