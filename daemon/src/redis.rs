@@ -8,8 +8,18 @@
 //!   [`Scripts::eval`]: `EVALSHA`, and on `NOSCRIPT` (a restarted node, a replica
 //!   promoted after failover) `SCRIPT LOAD` of every script on every primary, then the
 //!   same `EVALSHA` once more. A `NOSCRIPT` answer means the script did not run, so
-//!   the second call cannot double a write.
+//!   the second call cannot double a write. The reload is single-flight: after a
+//!   failover every call in flight meets `NOSCRIPT` at once, one of them loads, the
+//!   others wait for that load and call again (no storm of `SCRIPT LOAD`s).
+//!
+//! Why scripts and not Redis functions (which replicas inherit): Redis 7.0 keeps the
+//! script cache per node and does not replicate `SCRIPT LOAD`, so a promoted replica
+//! answers `NOSCRIPT` once; the reload costs one round of `SCRIPT LOAD` on every
+//! primary (measured in the failover test), and `EVALSHA` keeps the scripts callable
+//! by the reference setups and by `redis-cli` without a library to install.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -72,10 +82,16 @@ pub struct Evaluated {
     pub reloaded: bool,
 }
 
-/// Every script's SHA1, computed once (not per call: this is the reservation path).
+/// Every script's SHA1, computed once (not per call: this is the reservation path),
+/// and the single-flight reload.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     shas: Vec<(&'static str, String)>,
+    /// Held while a reload runs.
+    loading: Arc<tokio::sync::Mutex<()>>,
+    /// Completed reloads: a caller that met `NOSCRIPT` reloads only when none
+    /// completed since it sent its call.
+    loads: Arc<AtomicU64>,
 }
 
 impl Default for Scripts {
@@ -88,7 +104,27 @@ impl Scripts {
     pub fn new() -> Self {
         Self {
             shas: ALL.iter().map(|s| (s.name, s.sha1())).collect(),
+            loading: Arc::default(),
+            loads: Arc::default(),
         }
+    }
+
+    /// A mark to take before sending a call, for [`Self::reload_after`].
+    pub fn mark(&self) -> u64 {
+        self.loads.load(Ordering::Acquire)
+    }
+
+    /// After a call sent at `mark` met `NOSCRIPT`: loads every script on every primary
+    /// unless a reload completed since `mark` (then the scripts are there already).
+    /// Returns true when this call loaded.
+    pub async fn reload_after(&self, client: &Client, mark: u64) -> Result<bool, fred::error::Error> {
+        let _one = self.loading.lock().await;
+        if self.loads.load(Ordering::Acquire) != mark {
+            return Ok(false);
+        }
+        self.load(client).await?;
+        self.loads.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
     }
 
     /// The SHA1 Redis knows `script` by.
@@ -117,18 +153,16 @@ impl Scripts {
         args: Vec<String>,
     ) -> Result<Evaluated, fred::error::Error> {
         let sha = self.sha(script);
+        let mark = self.mark();
         match client
             .evalsha::<Value, _, _, _>(sha, keys.clone(), args.clone())
             .await
         {
             Err(e) if is_noscript(&e) => {
                 tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
-                self.load(client).await?;
+                let reloaded = self.reload_after(client, mark).await?;
                 let value = client.evalsha::<Value, _, _, _>(sha, keys, args).await?;
-                Ok(Evaluated {
-                    value,
-                    reloaded: true,
-                })
+                Ok(Evaluated { value, reloaded })
             }
             Ok(value) => Ok(Evaluated {
                 value,
@@ -139,7 +173,8 @@ impl Scripts {
     }
 }
 
-fn is_noscript(e: &fred::error::Error) -> bool {
+/// True for Redis's `NOSCRIPT` answer (the node does not know the SHA).
+pub fn is_noscript(e: &fred::error::Error) -> bool {
     e.details().starts_with("NOSCRIPT") || e.to_string().contains("NOSCRIPT")
 }
 

@@ -24,6 +24,13 @@
 -- dropped the last second of its AOF; the caller must recompute; the third field is
 -- the sequence found). LOST and BEHIND from the fence check answer every reservation
 -- of the call, and nothing is written.
+--
+-- A call that answers RETRY and writes nothing else rewrites the fence with its own
+-- value: the caller's `WAIT` counts replicas up to the last write of its connection,
+-- and without a write of its own a resend would be acknowledged at once, before the
+-- replica holds the reservation it names (one written by another call, maybe on
+-- another connection). Replication is one ordered stream, so a replica that holds
+-- this write holds every earlier one.
 local n = (#KEYS - 3) / 2
 local out = {}
 local function every(outcome, left)
@@ -73,11 +80,17 @@ local function reserve(stock, buyers, item, user, req)
   return 'RESERVED', rid, left
 end
 
+local wrote, retried = false, false
 for j = 1, n do
   local outcome, rid, left = reserve(KEYS[2 + 2 * j], KEYS[3 + 2 * j],
     ARGV[3 + 3 * j], ARGV[4 + 3 * j], ARGV[5 + 3 * j])
+  wrote = wrote or outcome == 'RESERVED'
+  retried = retried or outcome == 'RETRY'
   out[#out + 1] = outcome
   out[#out + 1] = rid
   out[#out + 1] = left
+end
+if retried and not wrote then
+  redis.call('SET', KEYS[1], epoch)
 end
 return out

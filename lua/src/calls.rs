@@ -9,7 +9,7 @@
 
 use crate::ids::ReservationId;
 use crate::keys;
-use crate::scripts::{Script, GIVE, RELEASE, RESERVE, TAKE, WARM};
+use crate::scripts::{Script, GIVE, REBUILD, RELEASE, RESERVE, TAKE, WARM};
 use crate::user::{RequestId, UserId};
 use crate::{ActivityId, ItemId, Shard};
 
@@ -284,6 +284,70 @@ impl Warmed {
         } else {
             Warmed::AlreadyWarm
         }
+    }
+}
+
+/// REBUILD (`scripts/rebuild.lua`): close a shard before a rebuild, or open it
+/// again with the rebuilt counts and buyer records, under the rebuild's fencing token.
+#[derive(Debug, Clone)]
+pub struct RebuildCall {
+    activity: ActivityId,
+    shard: Shard,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl RebuildCall {
+    /// Close shard `shard` under `token`: the fence goes, unless a newer token
+    /// already touched the shard.
+    pub fn close(activity: ActivityId, shard: Shard, token: u64) -> Self {
+        Self::new(activity, shard, "close", token, "")
+    }
+
+    /// Open shard `shard` under `token` and `epoch` with the items [`Self::push`]ed,
+    /// unless a newer token touched the shard since it was closed.
+    pub fn open(activity: ActivityId, shard: Shard, token: u64, epoch: &str) -> Self {
+        Self::new(activity, shard, "open", token, epoch)
+    }
+
+    fn new(activity: ActivityId, shard: Shard, mode: &str, token: u64, epoch: &str) -> Self {
+        Self {
+            activity,
+            shard,
+            keys: vec![
+                keys::fence(activity, shard),
+                keys::lease(activity, shard),
+                keys::seq(activity, shard),
+            ],
+            args: vec![mode.to_string(), token.to_string(), epoch.to_string()],
+        }
+    }
+
+    /// `item` gets `units` and exactly these buyer records (`uid` → `"<rid>|<req>"`).
+    pub fn push(&mut self, item: ItemId, units: u64, buyers: Vec<(String, String)>) {
+        self.keys.extend([
+            keys::stock(self.activity, self.shard, item),
+            keys::buyers(self.activity, self.shard, item),
+        ]);
+        self.args.reserve(2 + 2 * buyers.len());
+        self.args.push(units.to_string());
+        self.args.push(buyers.len().to_string());
+        for (user, record) in buyers {
+            self.args.push(user);
+            self.args.push(record);
+        }
+    }
+
+    /// Reads the answer: true when the script wrote (the token was the newest).
+    pub fn applied(reply: i64) -> bool {
+        reply == 1
+    }
+}
+
+impl Call for RebuildCall {
+    const SCRIPT: Script = REBUILD;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
     }
 }
 

@@ -31,6 +31,14 @@ pub fn fence(a: ActivityId, i: Shard) -> String {
     format!("sk:{{{a}:{i}}}:fence")
 }
 
+/// `sk:{a:i}:lease`: the highest rebuild lease token that has touched the shard. A
+/// rebuild closes and reopens a shard only with a token at least this high, so a
+/// stockd whose lease expired while it still wrote cannot undo a newer rebuild
+/// (the fencing token of `scripts/rebuild.lua`).
+pub fn lease(a: ActivityId, i: Shard) -> String {
+    format!("sk:{{{a}:{i}}}:lease")
+}
+
 /// `sk:{a:i}:seq`: sequence of reservation ids in the shard.
 pub fn seq(a: ActivityId, i: Shard) -> String {
     format!("sk:{{{a}:{i}}}:seq")

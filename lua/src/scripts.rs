@@ -43,8 +43,15 @@ pub const WARM: Script = Script {
     body: include_str!("../scripts/warm.lua"),
 };
 
+/// Close or reopen a shard for a rebuild, under a fencing token: see
+/// `scripts/rebuild.lua`.
+pub const REBUILD: Script = Script {
+    name: "rebuild",
+    body: include_str!("../scripts/rebuild.lua"),
+};
+
 /// Every script, for loading at start-up.
-pub const ALL: [Script; 5] = [RESERVE, RELEASE, TAKE, GIVE, WARM];
+pub const ALL: [Script; 6] = [RESERVE, RELEASE, TAKE, GIVE, WARM, REBUILD];
 
 #[cfg(test)]
 mod tests {

@@ -152,11 +152,7 @@ impl App {
         if !self.catalog.is_loaded() {
             self.catalog.set_loaded();
             if self.config.stock.recompute_at_start {
-                for entry in self.catalog.all() {
-                    if entry.end_ms() > now {
-                        self.trigger_recompute(&entry, "start-up");
-                    }
-                }
+                self.check_at_start().await;
             } else {
                 self.check_fences().await;
             }

@@ -20,6 +20,9 @@ pub struct App {
     pub metrics: Metrics,
     pub catalog: Catalog,
     pub shutdown: Shutdown,
+    /// Rebuilds running at once: each holds a MySQL connection for its lease and
+    /// needs another for its snapshot, so at most half the pool.
+    pub rebuilds: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -30,7 +33,9 @@ impl App {
         metrics: Metrics,
         shutdown: Shutdown,
     ) -> Arc<Self> {
+        let rebuilds = tokio::sync::Semaphore::new((config.mysql.max_connections as usize / 2).max(1));
         Arc::new(Self {
+            rebuilds,
             config,
             redis,
             db,

@@ -9,6 +9,12 @@
 //! been called alone (`lua/scripts/reserve.lua`), so the contract is unchanged: one
 //! reservation is still one atomic check-decrement-record-append on one slot.
 //!
+//! With `redis.replica_acks` > 0 the call is pipelined with one `WAIT` on its own
+//! connection (`Redis::call_acked`): a reservation is answered RESERVED only once a
+//! replica holds it, and UNAVAILABLE (retry with the same request id) when none
+//! acknowledged in `redis.replica_ack_timeout_ms`. One `WAIT` per call, whatever the
+//! batch size, so acknowledgement costs a round trip to the replica per batch.
+//!
 //! A caller that goes away (a client deadline) does not take its reservation out of
 //! a call already queued: the unit is then held under its request id, and the
 //! client's retry with the same request id gets it back (RETRY), as before batching.
@@ -17,7 +23,7 @@ use std::sync::Arc;
 
 use seckill_lua::calls::{reserve_outcome, ReserveCall};
 use seckill_lua::clock::now_ms;
-use seckill_lua::ReservationId;
+use seckill_lua::{keys, ReservationId};
 use tokio::sync::oneshot;
 
 use crate::app::App;
@@ -100,10 +106,15 @@ impl App {
                 p.answer
             })
             .collect();
-        let answer = self.redis.call(call).await.and_then(array);
-        let parts = match answer {
-            Ok(parts) if parts.len() == 3 * answers.len() => parts,
-            Ok(parts) => {
+        // With `redis.replica_acks`, one WAIT per call, on the call's own connection.
+        let answer = self
+            .redis
+            .call_acked(call, &keys::fence(entry.id(), shard))
+            .await
+            .and_then(|a| Ok((array(a.value)?, a.replicated)));
+        let (parts, replicated) = match answer {
+            Ok((parts, replicated)) if parts.len() == 3 * answers.len() => (parts, replicated),
+            Ok((parts, _)) => {
                 let e = Error::Internal(format!(
                     "reserve answered {} fields for {} reservations",
                     parts.len(),
@@ -114,7 +125,11 @@ impl App {
             Err(e) => return answer_all(answers, &e),
         };
         for (answer, f) in answers.into_iter().zip(parts.chunks_exact(3)) {
-            let _ = answer.send(parse(entry, shard, &hw, f));
+            let out = match parse(entry, shard, &hw, f) {
+                Ok(Script::Reserved(..) | Script::Retry(..)) if !replicated => Err(unreplicated()),
+                out => out,
+            };
+            let _ = answer.send(out);
         }
     }
 }
@@ -142,6 +157,15 @@ fn parse(
         reserve_outcome::BEHIND => Script::Behind(hw.clone(), left.max(0) as u64),
         other => return Err(Error::Internal(format!("reserve answered {other}"))),
     })
+}
+
+/// A reservation Redis made but no replica acknowledged in time: not promised yet.
+/// It stays held under its request id, so the caller's retry with the same request id
+/// answers it once a replica has it (or a fresh outcome if it died with its master).
+fn unreplicated() -> Error {
+    Error::Unavailable(
+        "the reservation is not on a Redis replica yet; retry with the same request id".into(),
+    )
 }
 
 /// Gives every reservation of a failed call the same error.

@@ -99,6 +99,27 @@ pub struct RedisConfig {
     /// router task is the bottleneck (many cores).
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
+    /// Replicas that must hold a reservation before stockd answers RESERVED (Redis
+    /// `WAIT` on the connection that carried the write, one per shard call, never one
+    /// per reservation). 0 answers as soon as the master has it: UNSAFE with replicas,
+    /// since a failover to a replica that lagged loses reservations already promised
+    /// (stockd counts them and rebuilds the shard, but the buyer's unit is gone); right
+    /// only for a masters-only Redis (a laptop). 0..=5. Default 1.
+    #[serde(default = "default_replica_acks")]
+    pub replica_acks: u32,
+    /// How long one reserve call waits for `replica_acks` replicas, in ms. Past it the
+    /// caller gets UNAVAILABLE (the edge: 503 + `Retry-After`); a retry with the same
+    /// request id answers the same reservation once a replica holds it, or a fresh
+    /// outcome if the write died with its master. Below `timeout_ms`. 1..=10000.
+    /// Default 100.
+    #[serde(default = "default_replica_ack_timeout_ms")]
+    pub replica_ack_timeout_ms: u64,
+    /// Connections (clients, one connection to every master each) kept for reserve
+    /// calls that wait for replicas: `WAIT` blocks its connection, so each call borrows
+    /// one for itself and no other command queues behind it. At most this many shard
+    /// calls wait at once; more wait for a free one. 1..=256. Default 16.
+    #[serde(default = "default_ack_connections")]
+    pub ack_connections: usize,
 }
 
 /// `[mysql]`.
@@ -163,6 +184,15 @@ fn default_connect_timeout_ms() -> u64 {
 fn default_pool_size() -> usize {
     1
 }
+fn default_replica_acks() -> u32 {
+    1
+}
+fn default_replica_ack_timeout_ms() -> u64 {
+    100
+}
+fn default_ack_connections() -> usize {
+    16
+}
 fn default_mysql_connections() -> u32 {
     8
 }
@@ -224,7 +254,8 @@ impl Config {
 
     /// A valid config for tests: listeners are passed to [`crate::run`], so the listen
     /// addresses are only informative; background loops run fast; the Redis timeout
-    /// is 3 s.
+    /// is 3 s; no replica acknowledgement (the harness's default cluster has masters
+    /// only: a test of a replicated cluster sets `redis.replica_acks`).
     pub fn for_test(redis_nodes: Vec<String>, mysql_url: String, token: &str) -> Config {
         Config {
             grpc: GrpcConfig {
@@ -241,6 +272,9 @@ impl Config {
                 timeout_ms: 3000,
                 connect_timeout_ms: default_connect_timeout_ms(),
                 pool_size: 2,
+                replica_acks: 0,
+                replica_ack_timeout_ms: 1000,
+                ack_connections: 8,
             },
             mysql: MysqlConfig {
                 url: mysql_url,
@@ -292,6 +326,18 @@ impl Validate for Config {
             "redis.connect_timeout_ms",
         )?;
         ensure_range(self.redis.pool_size, 1..=64, "redis.pool_size")?;
+        ensure_range(self.redis.replica_acks, 0..=5, "redis.replica_acks")?;
+        ensure_range(
+            self.redis.replica_ack_timeout_ms,
+            1..=10_000,
+            "redis.replica_ack_timeout_ms",
+        )?;
+        ensure(
+            self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
+            "redis.replica_ack_timeout_ms",
+            "must be below redis.timeout_ms (the whole call's deadline)",
+        )?;
+        ensure_range(self.redis.ack_connections, 1..=256, "redis.ack_connections")?;
         ensure(
             self.mysql.url.starts_with("mysql://") || self.mysql.url.starts_with("mariadb://"),
             "mysql.url",

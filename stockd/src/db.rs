@@ -304,3 +304,39 @@ pub async fn item_counts(pool: &MySqlPool, item: u64) -> Result<Option<(i64, i64
     .try_get("n")?;
     Ok(Some((i64::from(stock), active)))
 }
+
+/// Reservation ids of shard `shard` of activity `a` handed out under `epoch` that MySQL
+/// knows: orders of any status and dead letters. What a rebuild compares with the
+/// shard's sequence to find reservations Redis lost before orderd read them.
+pub async fn known_under(pool: &MySqlPool, a: u64, shard: u32, epoch: &str) -> Result<Vec<String>> {
+    // `%` stands for the item id; the exact shard and epoch are checked by the caller
+    // after parsing (a `%` may also swallow digits of the shard).
+    let pattern = format!("{a}-%-{shard}-{epoch}-%");
+    let rows = sqlx::query(
+        "SELECT id FROM orders WHERE activity_id = ? AND shard = ? AND id LIKE ? \
+         UNION ALL SELECT reservation_id FROM dead_letters WHERE reservation_id LIKE ?",
+    )
+    .bind(a)
+    .bind(shard)
+    .bind(&pattern)
+    .bind(&pattern)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| r.try_get::<Option<String>, _>(0).ok().flatten())
+        .collect())
+}
+
+/// The reservation id of the newest order of shard `shard` of activity `a`, if any:
+/// the epoch a shard ran under when neither Redis nor this process remembers it.
+pub async fn newest_order(pool: &MySqlPool, a: u64, shard: u32) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM orders WHERE activity_id = ? AND shard = ? \
+         ORDER BY reserved_at DESC LIMIT 1",
+    )
+    .bind(a)
+    .bind(shard)
+    .fetch_optional(pool)
+    .await?)
+}

@@ -10,8 +10,9 @@
 //! - [`catalog`]: published activities in memory (window checks without Redis).
 //! - [`shard`]: per-shard state: the high-water mark and the group-commit queue.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
-//!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, fence check) and
-//!   [`admin`] (create, publish, status, reconcile, bans).
+//!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, lost-reservation
+//!   accounting, fence check, start-up check), [`lease`] (one rebuilder per activity
+//!   across a fleet) and [`admin`] (create, publish, status, reconcile, bans).
 //! - [`service`]: the thin gRPC impls; [`error`]: the one error type; [`metrics`].
 //! - [`run`]: serve until shutdown.
 #![forbid(unsafe_code)]
@@ -24,6 +25,7 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod error;
+pub mod lease;
 pub mod metrics;
 pub mod recompute;
 pub mod redis;

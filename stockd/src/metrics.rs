@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use prometheus::core::{MetricVec, MetricVecBuilder};
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 /// Labels of `stockd_reservations_total` (what `Reserve::label` and the error path
@@ -21,6 +21,15 @@ pub const RESERVE_OUTCOMES: [&str; 9] = [
     "unavailable",
     "invalid",
 ];
+
+/// Labels of `stockd_lost_reservations_total`: how the loss was found.
+/// - `behind`: a shard's sequence below one this process saw handed out, fence intact
+///   (a failover to a replica that lagged);
+/// - `fence_missing`: the shard came back without its fence (a node restarted empty,
+///   a flush): the reservations this process or MySQL knew of and Redis no longer has;
+/// - `key_missing`: a stock key gone while the fence stayed;
+/// - `start`: found at start-up, MySQL holding reservations past the shard's sequence.
+pub const LOST_PATHS: [&str; 4] = ["behind", "fence_missing", "key_missing", "start"];
 
 /// The children of a labelled metric for a known set of labels, resolved once:
 /// counting on the hot path then skips `with_label_values` (hashing the labels, the
@@ -69,9 +78,27 @@ pub struct Metrics {
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
     pub lost_writes: IntCounter,
-    /// `stockd_lost_reservations_total`: reservations handed out and then lost by Redis
-    /// before orderd read them (the sequence gap at each detection).
-    pub lost_reservations: IntCounter,
+    /// `stockd_lost_reservations_total{path}`: reservations handed out and then lost by
+    /// Redis before orderd read them, by the path that found them ([`LOST_PATHS`]).
+    pub lost_reservations: IntCounterVec,
+    /// `stockd_replica_ack_seconds`: a replica-acknowledged reserve call, script and
+    /// `WAIT` together, seconds.
+    pub replica_ack_seconds: Histogram,
+    /// `stockd_replica_acks_total{outcome}`: replica-acknowledged calls by outcome
+    /// (`ok`, `timeout`: fewer replicas than `redis.replica_acks` answered in time).
+    pub replica_acks_total: IntCounterVec,
+    /// `stockd_replica_ack_timeouts_total`: calls whose writes no replica acknowledged
+    /// in time (their reservations answered UNAVAILABLE). Page when it keeps rising.
+    pub replica_ack_timeouts: IntCounter,
+    /// `stockd_unavailable_activities`: open activities this process answers
+    /// UNAVAILABLE for (Redis lost state, a rebuild runs or waits). Page when it stays
+    /// above 0.
+    pub unavailable_activities: IntGauge,
+    /// `stockd_rebuild_leases_held`: activity rebuild leases this process holds now.
+    pub rebuild_leases_held: IntGauge,
+    /// `stockd_rebuild_lease_waits_total`: rebuilds that found another stockd holding
+    /// the activity's lease and waited for it.
+    pub rebuild_lease_waits: IntCounter,
     /// `stockd_rebalance_moves_total`: units moved between shards.
     pub rebalance_units: IntCounter,
     reservations_by: Children<IntCounter>,
@@ -143,11 +170,58 @@ impl Metrics {
             "Shards found with a sequence below one already handed out (Redis lost writes)",
         )
         .expect("valid metric");
-        let lost_reservations = IntCounter::new(
-            "stockd_lost_reservations_total",
-            "Reservations handed out and then lost by Redis (sequence gaps)",
+        let lost_reservations = IntCounterVec::new(
+            Opts::new(
+                "stockd_lost_reservations_total",
+                "Reservations handed out and then lost by Redis, by the path that found them",
+            ),
+            &["path"],
         )
         .expect("valid metric");
+        let replica_ack_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "stockd_replica_ack_seconds",
+                "A replica-acknowledged script call (EVALSHA + WAIT), seconds",
+            )
+            .buckets(vec![
+                0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+        )
+        .expect("valid metric");
+        let replica_acks_total = IntCounterVec::new(
+            Opts::new(
+                "stockd_replica_acks_total",
+                "Replica-acknowledged calls by outcome (ok, timeout)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let replica_ack_timeouts = IntCounter::new(
+            "stockd_replica_ack_timeouts_total",
+            "Calls whose writes no replica acknowledged in time (answered UNAVAILABLE)",
+        )
+        .expect("valid metric");
+        let unavailable_activities = IntGauge::new(
+            "stockd_unavailable_activities",
+            "Open activities answered UNAVAILABLE (Redis state lost, rebuild running or waiting)",
+        )
+        .expect("valid metric");
+        let rebuild_leases_held = IntGauge::new(
+            "stockd_rebuild_leases_held",
+            "Activity rebuild leases this process holds",
+        )
+        .expect("valid metric");
+        let rebuild_lease_waits = IntCounter::new(
+            "stockd_rebuild_lease_waits_total",
+            "Rebuilds that waited for another stockd's lease on the activity",
+        )
+        .expect("valid metric");
+        for path in LOST_PATHS {
+            lost_reservations.with_label_values(&[path]);
+        }
+        for outcome in ["ok", "timeout"] {
+            replica_acks_total.with_label_values(&[outcome]);
+        }
         let rebalance_units = IntCounter::new(
             "stockd_rebalance_units_total",
             "Units moved from a donor shard to an empty home shard",
@@ -165,6 +239,12 @@ impl Metrics {
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
+            Box::new(replica_ack_seconds.clone()),
+            Box::new(replica_acks_total.clone()),
+            Box::new(replica_ack_timeouts.clone()),
+            Box::new(unavailable_activities.clone()),
+            Box::new(rebuild_leases_held.clone()),
+            Box::new(rebuild_lease_waits.clone()),
         ] {
             registry.register(m).expect("metric names are unique");
         }
@@ -186,6 +266,31 @@ impl Metrics {
             lost_writes,
             lost_reservations,
             rebalance_units,
+            replica_ack_seconds,
+            replica_acks_total,
+            replica_ack_timeouts,
+            unavailable_activities,
+            rebuild_leases_held,
+            rebuild_lease_waits,
+        }
+    }
+
+    /// Lost reservations over every path.
+    pub fn lost_reservations_total(&self) -> u64 {
+        LOST_PATHS
+            .iter()
+            .map(|p| self.lost_reservations.with_label_values(&[p]).get())
+            .sum()
+    }
+
+    /// Counts one replica-acknowledged call that took `secs`.
+    pub fn replica_acks(&self, replicated: bool, secs: f64) {
+        self.replica_ack_seconds.observe(secs);
+        if replicated {
+            self.replica_acks_total.with_label_values(&["ok"]).inc();
+        } else {
+            self.replica_acks_total.with_label_values(&["timeout"]).inc();
+            self.replica_ack_timeouts.inc();
         }
     }
 }

@@ -2,30 +2,40 @@
 //! restart without data, a flush, a failover that lost writes, a fence key gone).
 //!
 //! Steps, per activity (every shard of every item together, since the shards share
-//! one total):
-//! 1. close every shard: `DEL` its fence, so no reserve script can take a unit any
-//!    more (they answer LOST; stockd answers UNAVAILABLE);
+//! one total), under the activity's rebuild lease ([`crate::lease`]: one stockd of a
+//! fleet at a time, with a fencing token):
+//! 1. close every shard (`REBUILD close`: its fence goes, so no reserve script can take
+//!    a unit any more: they answer LOST; stockd answers UNAVAILABLE);
 //! 2. read every entry of every shard stream (reservations made before the close);
 //! 3. in one MySQL snapshot: each item's `stock`, its active (PENDING/PAID) orders,
 //!    and which stream entries already are orders; the others are in flight;
-//! 4. per shard: buyers = active orders + in-flight reservations of users whose
+//! 4. count what Redis lost: under the epoch each shard ran under, every sequence from
+//!    1 to the highest known (this process's high-water mark, Redis, MySQL, the stream)
+//!    was handed out; those neither in the stream nor in MySQL (orders, dead letters)
+//!    are lost reservations, logged by id and counted by path;
+//! 5. per shard: buyers = active orders + in-flight reservations of users whose
 //!    record lives there; stock = split of (MySQL stock − in flight);
-//! 5. `WARM` with force under a new epoch, which opens the shard again; then the
-//!    sold-out flags, the meta hash and the activity set.
+//! 6. `REBUILD open` under the token and a new epoch (sequence back to 0), which opens
+//!    the shard again; then the sold-out flags, the meta hash and the activity set.
 //!
-//! Lost state is found three ways: the reserve script answers LOST (a fence is gone)
-//! or BEHIND (the shard's reservation sequence is below one this process already saw
-//! handed out under the same fence epoch: Redis lost writes but kept the fence, as
-//! after a failover to a lagging replica), and a periodic check of every shard's fence
-//! and sequence finds either even when nobody is buying. A failover or restart that
-//! lost nothing needs no rebuild and gets none.
+//! A stockd that waited for the lease while a peer rebuilt finds the shards open under
+//! a newer epoch and does not rebuild them again.
+//!
+//! Lost state is found four ways: the reserve script answers LOST (a fence or a stock
+//! key is gone) or BEHIND (the shard's reservation sequence is below one this process
+//! already saw handed out under the same fence epoch: Redis lost writes but kept the
+//! fence, as after a failover to a lagging replica), a periodic check of every shard's
+//! fence and sequence finds either even when nobody is buying, and at start-up MySQL
+//! holding reservations past a shard's sequence. A failover or restart that lost
+//! nothing needs no rebuild and gets none: in particular a stockd that starts while its
+//! peers serve leaves their open shards alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use seckill_lua::calls::WarmCall;
+use seckill_lua::calls::RebuildCall;
 use seckill_lua::clock::now_ms;
 use seckill_lua::ids::epoch_from_millis;
 use seckill_lua::messages::entry;
@@ -34,7 +44,8 @@ use seckill_lua::{home_shard, keys, split_stock, ReservationId};
 use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::db;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::redis::int;
 use crate::shard::HighWater;
 
 /// What a recompute found and wrote, per item.
@@ -47,6 +58,20 @@ pub struct Rebuilt {
     pub active_orders: i64,
 }
 
+/// Why a rebuild runs; decides how its lost reservations are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// A fence or a stock key is gone (LOST from a script, the fence check).
+    Lost,
+    /// A shard's sequence fell below this process's high-water mark (the gap was
+    /// counted when found).
+    Behind,
+    /// At start-up, MySQL holds reservations past a shard's sequence.
+    Start,
+    /// Asked for (Reconcile with repair): rebuilds even when nothing looks lost.
+    Repair,
+}
+
 /// A reservation read from a stream.
 #[derive(Debug)]
 struct StreamEntry {
@@ -57,10 +82,12 @@ struct StreamEntry {
     request: String,
 }
 
+/// One shard's fence (epoch) and sequence, as read from Redis.
+type Mark = (Option<String>, u64);
+
 impl App {
-    /// Marks the activity unavailable and starts a recompute unless one is running.
-    /// The task retries until it succeeds or the process shuts down.
-    pub fn trigger_recompute(self: &Arc<Self>, entry: &Arc<ActivityEntry>, why: &str) {
+    /// Marks the activity unavailable and starts a rebuild unless one is running.
+    pub fn trigger_recompute(self: &Arc<Self>, entry: &Arc<ActivityEntry>, cause: Cause, why: &str) {
         entry.available.store(false, Ordering::Release);
         if entry
             .recomputing
@@ -70,13 +97,20 @@ impl App {
             return;
         }
         tracing::warn!(activity = entry.id(), why, "recomputing from MySQL");
+        self.spawn_rebuild(entry, cause);
+    }
+
+    /// Runs the rebuild in the background, retrying until it succeeds or the process
+    /// shuts down; the caller has set `recomputing`. The task clears it.
+    fn spawn_rebuild(self: &Arc<Self>, entry: &Arc<ActivityEntry>, cause: Cause) {
         let app = self.clone();
         let entry = entry.clone();
         tokio::spawn(async move {
             loop {
-                match app.recompute(&entry).await {
-                    Ok(_) => {
-                        app.metrics.recomputes.with_label_values(&["ok"]).inc();
+                match app.recompute(&entry, cause).await {
+                    Ok(r) => {
+                        let label = if r.is_some() { "ok" } else { "skipped" };
+                        app.metrics.recomputes.with_label_values(&[label]).inc();
                         entry.available.store(true, Ordering::Release);
                         break;
                     }
@@ -109,29 +143,55 @@ impl App {
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let out = self.recompute(entry).await;
+        let out = self.recompute(entry, Cause::Repair).await;
         let label = if out.is_ok() { "ok" } else { "error" };
         self.metrics.recomputes.with_label_values(&[label]).inc();
-        entry.recomputing.store(false, Ordering::Release);
         match out {
             Ok(r) => {
                 entry.available.store(true, Ordering::Release);
-                Ok(r)
+                entry.recomputing.store(false, Ordering::Release);
+                Ok(r.unwrap_or_default())
             }
             Err(e) => {
                 // Leave it to the background path to finish the job.
-                self.trigger_recompute(entry, "repair failed");
+                self.spawn_rebuild(entry, Cause::Repair);
                 Err(e)
             }
         }
     }
 
-    async fn recompute(&self, entry: &ActivityEntry) -> Result<Vec<Rebuilt>> {
+    /// One rebuild under the lease. `None`: a peer rebuilt the activity while this
+    /// process waited for the lease, nothing to do.
+    async fn recompute(&self, entry: &ActivityEntry, cause: Cause) -> Result<Option<Vec<Rebuilt>>> {
         let a = entry.id();
         let shards = entry.shards();
+        let _slot = self
+            .rebuilds
+            .acquire()
+            .await
+            .map_err(|_| Error::Unavailable("shutting down".into()))?;
+        // What this process and Redis knew before the lease: the baseline both for
+        // "a peer rebuilt meanwhile" and for the lost-reservation count.
+        let seen: Vec<HighWater> = (0..shards).map(|i| entry.high_water(i)).collect();
+        let before = self.shard_marks(a, shards).await?;
+        let lease = self.take_lease(a).await?;
+        if cause != Cause::Repair {
+            let now = self.shard_marks(a, shards).await?;
+            if let Some(epoch) = reopened_by_peer(&before, &now, &seen) {
+                tracing::info!(activity = a, epoch, "a peer rebuilt the activity; nothing to do");
+                lease.release().await;
+                return Ok(None);
+            }
+        }
+        let token = lease.token;
         // 1. Close.
         for i in 0..shards {
-            self.redis.del(keys::fence(a, i)).await?;
+            let closed = int(&self.redis.call(RebuildCall::close(a, i, token)).await?)?;
+            if !RebuildCall::applied(closed) {
+                return Err(Error::Unavailable(format!(
+                    "activity {a} shard {i}: a newer rebuild owns it"
+                )));
+            }
         }
         // 2. Reservations already in the streams.
         let mut entries = Vec::new();
@@ -156,8 +216,13 @@ impl App {
         // 3. MySQL, one snapshot.
         let rids: Vec<String> = entries.iter().map(|e| e.rid.clone()).collect();
         let (records, known) = db::snapshot(&self.db, a, &rids).await?;
-        // 4. Plan every shard.
-        let mut buyers: Vec<HashMap<u64, HashMap<String, String>>> =
+        // 4. What Redis lost.
+        for i in 0..shards {
+            self.account_lost(a, i, cause, &before[i as usize], &seen[i as usize], &entries)
+                .await?;
+        }
+        // 5. Plan every shard.
+        let mut buyers: Vec<HashMap<u64, Vec<(String, String)>>> =
             (0..shards).map(|_| HashMap::new()).collect();
         let mut counts: HashMap<u64, Vec<u64>> = HashMap::new();
         let mut report = Vec::new();
@@ -178,13 +243,13 @@ impl App {
                 buyers[shard as usize]
                     .entry(rec.item_id)
                     .or_default()
-                    .insert(user.clone(), format!("{rid}|{request}"));
+                    .push((user.clone(), format!("{rid}|{request}")));
             }
             for e in &in_flight {
                 buyers[e.shard as usize]
                     .entry(rec.item_id)
                     .or_default()
-                    .insert(e.user.clone(), format!("{}|{}", e.rid, e.request));
+                    .push((e.user.clone(), format!("{}|{}", e.rid, e.request)));
             }
             report.push(Rebuilt {
                 item: rec.item_id,
@@ -193,19 +258,20 @@ impl App {
                 active_orders: rec.active.len() as i64,
             });
         }
-        // 5. Write and open each shard under a new epoch.
+        // 6. Write and open each shard under a new epoch.
         let epoch = epoch_from_millis(now_ms().max(0) as u64);
         for i in 0..shards {
-            let mut warm = WarmCall::new(a, i, &epoch, true);
+            let mut open = RebuildCall::open(a, i, token, &epoch);
             for rec in &records {
                 let s = rec.item_id;
-                self.redis.del(keys::buyers(a, i, s)).await?;
-                if let Some(b) = buyers[i as usize].remove(&s) {
-                    self.redis.hset(keys::buyers(a, i, s), b).await?;
-                }
-                warm.push(s, counts[&s][i as usize]);
+                let b = buyers[i as usize].remove(&s).unwrap_or_default();
+                open.push(s, counts[&s][i as usize], b);
             }
-            self.redis.call(warm).await?;
+            if !RebuildCall::applied(int(&self.redis.call(open).await?)?) {
+                return Err(Error::Unavailable(format!(
+                    "activity {a} shard {i}: a newer rebuild owns it"
+                )));
+            }
         }
         for r in &report {
             if r.stock == 0 {
@@ -215,8 +281,175 @@ impl App {
             }
         }
         self.write_meta(&entry.activity).await?;
-        tracing::info!(activity = a, items = ?report, "recomputed from MySQL");
-        Ok(report)
+        lease.release().await;
+        tracing::info!(activity = a, token, epoch, items = ?report, "recomputed from MySQL");
+        Ok(Some(report))
+    }
+
+    /// Step 4 for shard `i`: every sequence from 1 to the highest known under the
+    /// epoch the shard ran under was handed out; those neither in the stream nor in
+    /// MySQL are reservations Redis lost. Logged by id (the item is not known for a
+    /// lost one: `a-?-i-epoch-seq`) and counted by path, except a BEHIND gap, which was
+    /// counted when it was found.
+    async fn account_lost(
+        &self,
+        a: u64,
+        i: u32,
+        cause: Cause,
+        before: &Mark,
+        seen: &HighWater,
+        entries: &[StreamEntry],
+    ) -> Result<()> {
+        let epoch = match (&before.0, seen.epoch.is_empty()) {
+            (Some(e), _) => e.clone(),
+            (None, false) => seen.epoch.clone(),
+            (None, true) => match db::newest_order(&self.db, a, i).await? {
+                Some(rid) => match rid.parse::<ReservationId>() {
+                    Ok(r) => r.epoch,
+                    Err(_) => return Ok(()),
+                },
+                None => return Ok(()),
+            },
+        };
+        let under = |rid: &str| {
+            rid.parse::<ReservationId>()
+                .ok()
+                .filter(|r| r.activity == a && r.shard == i && r.epoch == epoch)
+                .map(|r| r.seq)
+        };
+        let mut present: HashSet<u64> = entries
+            .iter()
+            .filter(|e| e.shard == i)
+            .filter_map(|e| under(&e.rid))
+            .collect();
+        present.extend(
+            db::known_under(&self.db, a, i, &epoch)
+                .await?
+                .iter()
+                .filter_map(|rid| under(rid)),
+        );
+        let mut highest = present.iter().copied().max().unwrap_or(0);
+        if seen.epoch == epoch {
+            highest = highest.max(seen.seq);
+        }
+        if before.0.as_deref() == Some(epoch.as_str()) {
+            highest = highest.max(before.1);
+        }
+        let lost: Vec<u64> = (1..=highest).filter(|q| !present.contains(q)).collect();
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let path = match (cause, &before.0) {
+            (Cause::Behind, _) => None,
+            (_, None) => Some("fence_missing"),
+            (Cause::Start, Some(_)) => Some("start"),
+            (Cause::Repair, Some(_)) => Some("repair"),
+            (Cause::Lost, Some(_)) => Some("key_missing"),
+        };
+        if let Some(path) = path {
+            self.metrics
+                .lost_reservations
+                .with_label_values(&[path])
+                .inc_by(lost.len() as u64);
+        }
+        let ids: Vec<String> = lost
+            .iter()
+            .take(100)
+            .map(|q| format!("{a}-?-{i}-{epoch}-{q}"))
+            .collect();
+        tracing::error!(
+            activity = a,
+            shard = i,
+            epoch = %epoch,
+            lost = lost.len(),
+            ids = ?ids,
+            "Redis lost reservations that were handed out (neither in the stream nor in MySQL); \
+             their buyers were answered RESERVED unless the call also timed out"
+        );
+        Ok(())
+    }
+
+    /// At start-up (`stock.recompute_at_start`): why activity `entry` must be rebuilt
+    /// before it opens, if it must: a fence or stock key gone, or MySQL holding
+    /// reservations past a shard's sequence (Redis lost writes while no stockd was
+    /// there to notice). An activity whose shards are intact opens as it is: a stockd
+    /// joining a running fleet closes nothing.
+    pub async fn start_check(&self, entry: &ActivityEntry) -> Result<Option<Cause>> {
+        let (a, shards) = (entry.id(), entry.shards());
+        let marks = self.shard_marks(a, shards).await?;
+        for (i, (fence, seq)) in marks.iter().enumerate() {
+            let Some(epoch) = fence else {
+                return Ok(Some(Cause::Lost));
+            };
+            let i = i as u32;
+            let highest = db::known_under(&self.db, a, i, epoch)
+                .await?
+                .iter()
+                .filter_map(|rid| rid.parse::<ReservationId>().ok())
+                .filter(|r| r.shard == i && &r.epoch == epoch)
+                .map(|r| r.seq)
+                .max()
+                .unwrap_or(0);
+            if highest > *seq {
+                tracing::error!(
+                    activity = a,
+                    shard = i,
+                    epoch = %epoch,
+                    redis_seq = seq,
+                    mysql_seq = highest,
+                    "MySQL holds reservations past the shard's sequence: Redis lost writes"
+                );
+                return Ok(Some(Cause::Start));
+            }
+        }
+        for s in entry.item_ids() {
+            if self.shard_stock_present(a, s, shards).await? {
+                continue;
+            }
+            return Ok(Some(Cause::Lost));
+        }
+        Ok(None)
+    }
+
+    /// Runs [`Self::start_check`] on every open activity once, at start-up: an intact
+    /// one opens, the others rebuild. Nothing opens an activity while it is checked.
+    pub async fn check_at_start(self: &Arc<Self>) {
+        let now = now_ms();
+        for entry in self.catalog.all() {
+            if entry.end_ms() <= now
+                || entry
+                    .recomputing
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+            {
+                continue;
+            }
+            match self.start_check(&entry).await {
+                Ok(None) => {
+                    entry.available.store(true, Ordering::Release);
+                    entry.recomputing.store(false, Ordering::Release);
+                }
+                Ok(Some(cause)) => {
+                    tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
+                    self.spawn_rebuild(&entry, cause);
+                }
+                Err(e) => {
+                    // The fence check opens it once Redis answers; it cannot tell a
+                    // rewound shard without this check's MySQL read, so say so.
+                    tracing::warn!(activity = entry.id(), error = %e, "start-up check failed; the fence check decides");
+                    entry.recomputing.store(false, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// True when every shard has a stock key for item `s`.
+    async fn shard_stock_present(&self, a: u64, s: u64, shards: u32) -> Result<bool> {
+        let futs = (0..shards).map(|i| self.redis.get_i64(keys::stock(a, i, s)));
+        Ok(futures::future::try_join_all(futs)
+            .await?
+            .iter()
+            .all(Option::is_some))
     }
 
     /// True when every shard of the activity has its fence.
@@ -257,11 +490,14 @@ impl App {
     ) {
         let Some(gap) = entry.take_behind(shard, seen, found) else {
             // Another call reported this gap already; the recompute is under way.
-            self.trigger_recompute(entry, "Redis lost writes");
+            self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
             return;
         };
         self.metrics.lost_writes.inc();
-        self.metrics.lost_reservations.inc_by(gap);
+        self.metrics
+            .lost_reservations
+            .with_label_values(&["behind"])
+            .inc_by(gap);
         tracing::error!(
             activity = entry.id(),
             shard,
@@ -273,7 +509,7 @@ impl App {
             found + 1,
             found + gap,
         );
-        self.trigger_recompute(entry, "Redis lost writes");
+        self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
     }
 
     /// One pass of the fence check over every activity whose window has not ended:
@@ -296,7 +532,7 @@ impl App {
                 }
             };
             if marks.iter().any(|(fence, _)| fence.is_none()) {
-                self.trigger_recompute(&entry, "fence missing");
+                self.trigger_recompute(&entry, Cause::Lost, "fence missing");
                 continue;
             }
             let behind = marks
@@ -314,6 +550,13 @@ impl App {
                 entry.available.store(true, Ordering::Release);
             }
         }
+        let closed = self
+            .catalog
+            .all()
+            .iter()
+            .filter(|e| e.end_ms() > now && e.start_ms() <= now && !e.is_available())
+            .count();
+        self.metrics.unavailable_activities.set(closed as i64);
     }
 
     /// Fence check every `stock.fence_check_ms` until shutdown.
@@ -326,5 +569,53 @@ impl App {
                 _ = self.shutdown.clone().wait() => return,
             }
         }
+    }
+}
+
+/// After waiting for the lease: the epoch every shard is open under now, when a peer
+/// rebuilt the activity meanwhile: every fence present, all one epoch, newer than any
+/// this process or Redis showed before the lease (a rebuild opens every shard under
+/// one new epoch; nothing else writes a newer one).
+fn reopened_by_peer(before: &[Mark], now: &[Mark], seen: &[HighWater]) -> Option<String> {
+    let first = now.first()?.0.clone()?;
+    if now.iter().any(|(fence, _)| fence.as_deref() != Some(first.as_str())) {
+        return None;
+    }
+    let older = before
+        .iter()
+        .filter_map(|(fence, _)| fence.as_deref())
+        .chain(seen.iter().map(|hw| hw.epoch.as_str()).filter(|e| !e.is_empty()));
+    let newer = older.into_iter().all(|e| crate::shard::epoch_newer(&first, e));
+    newer.then_some(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(e: Option<&str>) -> Mark {
+        (e.map(str::to_string), 0)
+    }
+
+    #[test]
+    fn a_rebuild_by_a_peer_shows_as_every_shard_open_under_one_newer_epoch() {
+        let hw = |e: &str| HighWater {
+            epoch: e.into(),
+            seq: 3,
+        };
+        // Closed before the lease, open under a new epoch after it: a peer rebuilt.
+        let before = [mark(None), mark(Some("abc"))];
+        let now = [mark(Some("abd")), mark(Some("abd"))];
+        assert_eq!(
+            reopened_by_peer(&before, &now, &[hw("abc"), hw("")]),
+            Some("abd".into())
+        );
+        // Still closed, or open under the epoch this process saw: rebuild.
+        assert_eq!(reopened_by_peer(&before, &before, &[hw("abc"), hw("")]), None);
+        let same = [mark(Some("abc")), mark(Some("abc"))];
+        assert_eq!(reopened_by_peer(&same, &same, &[hw("abc"), hw("abc")]), None);
+        // Shards under different epochs: not one finished rebuild.
+        let mixed = [mark(Some("abd")), mark(Some("abe"))];
+        assert_eq!(reopened_by_peer(&before, &mixed, &[hw(""), hw("")]), None);
     }
 }

@@ -2,13 +2,22 @@
 //! the Lua scripts (loaded on every primary at start, called by SHA, reloaded on
 //! `NOSCRIPT` by `seckill_daemon::redis::Scripts`), and a deadline on every call so a
 //! slow or dead node answers UNAVAILABLE instead of hanging.
+//!
+//! Writes a replica must hold before they are answered ([`Redis::call_acked`]) go on
+//! clients of their own ([`AckClients`]): the script and a `WAIT` are pipelined on the
+//! connection to the slot's master, and that connection is lent to the one call until
+//! `WAIT` answers. `WAIT` counts the replicas that acknowledged everything the
+//! connection wrote, and it blocks the connection meanwhile: on a shared connection it
+//! would hold up every other command behind it.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::config::ReconnectPolicy;
-use fred::types::Value;
+use fred::types::config::{Options, ReconnectPolicy};
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::sync::Semaphore;
 use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::calls::Call;
 use seckill_lua::scripts::Script;
@@ -25,6 +34,73 @@ pub struct Redis {
     metrics: Metrics,
     /// Every script's SHA1, and the call that reloads them on `NOSCRIPT`.
     scripts: Scripts,
+    /// Clients lent to one replica-acknowledged call at a time (none when
+    /// `redis.replica_acks` is 0).
+    acks: Option<std::sync::Arc<AckClients>>,
+    /// `WAIT`'s arguments.
+    replica_acks: u32,
+    ack_timeout: Duration,
+}
+
+/// Clients for [`Redis::call_acked`], each lent to one call at a time.
+pub struct AckClients {
+    free: Mutex<Vec<Client>>,
+    permits: Semaphore,
+}
+
+impl AckClients {
+    async fn borrow(&self) -> Option<Borrowed<'_>> {
+        let permit = self.permits.acquire().await.ok()?;
+        let client = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        permit.forget();
+        Some(Borrowed {
+            owner: self,
+            client: Some(client),
+        })
+    }
+
+    async fn quit(&self) {
+        let clients: Vec<Client> = self.free.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for c in clients {
+            let _ = c.quit().await;
+        }
+    }
+}
+
+/// A borrowed ack client; goes back on drop (also when the caller's future is dropped
+/// while `WAIT` runs: the next borrower's `WAIT` then also covers the earlier write,
+/// which only makes it wait for more).
+struct Borrowed<'a> {
+    owner: &'a AckClients,
+    client: Option<Client>,
+}
+
+impl Borrowed<'_> {
+    fn client(&self) -> &Client {
+        self.client.as_ref().expect("held until drop")
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            self.owner
+                .free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(c);
+            self.owner.permits.add_permits(1);
+        }
+    }
+}
+
+/// What a replica-acknowledged call got back.
+#[derive(Debug)]
+pub struct Acked {
+    /// The script's answer.
+    pub value: Value,
+    /// True when `redis.replica_acks` replicas hold everything the call wrote.
+    pub replicated: bool,
 }
 
 impl Redis {
@@ -49,11 +125,38 @@ impl Redis {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis not reachable yet"),
             Err(_) => tracing::warn!("redis not reachable yet (connect timeout)"),
         }
+        let acks = if cfg.replica_acks > 0 {
+            let mut clients = Vec::with_capacity(cfg.ack_connections);
+            for _ in 0..cfg.ack_connections {
+                let retries = Retries {
+                    command_attempts: 1,
+                    reconnect: ReconnectPolicy::new_constant(0, 100),
+                };
+                let c = seckill_daemon::redis::builder(
+                    &cfg.nodes,
+                    timeout,
+                    connect_timeout,
+                    retries,
+                )
+                .build()?;
+                c.init().await.ok();
+                clients.push(c);
+            }
+            Some(std::sync::Arc::new(AckClients {
+                permits: Semaphore::new(clients.len()),
+                free: Mutex::new(clients),
+            }))
+        } else {
+            None
+        };
         let redis = Self {
             pool,
             timeout,
             metrics,
             scripts: Scripts::new(),
+            acks,
+            replica_acks: cfg.replica_acks,
+            ack_timeout: Duration::from_millis(cfg.replica_ack_timeout_ms),
         };
         if let Err(e) = redis.load_scripts().await {
             tracing::warn!(error = %e, "cannot load scripts yet; will load on first NOSCRIPT");
@@ -74,6 +177,14 @@ impl Redis {
     /// Closes every connection.
     pub async fn quit(&self) {
         let _ = self.pool.quit().await;
+        if let Some(acks) = &self.acks {
+            acks.quit().await;
+        }
+    }
+
+    /// True when writes wait for replicas (`redis.replica_acks` > 0).
+    pub fn waits_for_replicas(&self) -> bool {
+        self.acks.is_some()
     }
 
     /// Runs `fut` under the configured deadline, counting errors.
@@ -133,6 +244,143 @@ impl Redis {
     pub async fn call<C: Call>(&self, call: C) -> Result<Value> {
         let (keys, args) = call.into_parts();
         self.eval(&C::SCRIPT, keys, args).await
+    }
+
+    /// One typed script call whose writes must reach `redis.replica_acks` replicas
+    /// before it counts: `EVALSHA` and `WAIT` pipelined on a borrowed client's
+    /// connection to the master of `slot_key`'s slot (one round trip; the call and
+    /// its wait on one connection, as `WAIT` requires). With `replica_acks` = 0 it is
+    /// [`Self::call`], always `replicated`.
+    ///
+    /// Not `replicated` when fewer replicas answered in `replica_ack_timeout_ms`, when
+    /// `WAIT` failed, or when the slot's master changed while the call ran (the script
+    /// may have been redirected to the new master while `WAIT` asked the old one).
+    pub async fn call_acked<C: Call>(&self, call: C, slot_key: &str) -> Result<Acked> {
+        let Some(acks) = &self.acks else {
+            return Ok(Acked {
+                value: self.call(call).await?,
+                replicated: true,
+            });
+        };
+        let started = Instant::now();
+        let (keys, args) = call.into_parts();
+        let script = C::SCRIPT;
+        let slot = fred::util::redis_keyslot(slot_key.as_bytes());
+        let out = self
+            .deadline(async {
+                let Some(lent) = acks.borrow().await else {
+                    return Err(fred::error::Error::new(
+                        fred::error::ErrorKind::Canceled,
+                        "ack clients closed",
+                    ));
+                };
+                let client = lent.client();
+                let mut reloaded = false;
+                loop {
+                    let master = master_of(client, slot);
+                    let mark = self.scripts.mark();
+                    let (value, waited) =
+                        self.pipeline_wait(client, &script, &keys, &args, slot).await;
+                    match value {
+                        Err(e) if seckill_daemon::redis::is_noscript(&e) && !reloaded => {
+                            tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
+                            if self.scripts.reload_after(client, mark).await? {
+                                self.metrics
+                                    .redis_errors
+                                    .with_label_values(&["noscript"])
+                                    .inc();
+                            }
+                            reloaded = true;
+                        }
+                        Err(e) => return Err(e),
+                        Ok(value) => {
+                            let moved = master.is_none() || master != master_of(client, slot);
+                            let replicated = match waited {
+                                Ok(n) => !moved && n >= i64::from(self.replica_acks),
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "WAIT failed");
+                                    false
+                                }
+                            };
+                            return Ok(Acked { value, replicated });
+                        }
+                    }
+                }
+            })
+            .await;
+        let elapsed = started.elapsed().as_secs_f64();
+        self.metrics.observe_lua(script.name, elapsed);
+        match &out {
+            Ok(a) if a.replicated => self.metrics.replica_acks(true, elapsed),
+            Ok(_) => self.metrics.replica_acks(false, elapsed),
+            Err(_) => {}
+        }
+        out
+    }
+
+    /// `EVALSHA` then `WAIT`, one pipeline on `client`; the two answers.
+    async fn pipeline_wait(
+        &self,
+        client: &Client,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+        slot: u16,
+    ) -> (
+        Result<Value, fred::error::Error>,
+        Result<i64, fred::error::Error>,
+    ) {
+        let p = client.pipeline();
+        let on_slot = Options {
+            cluster_hash: Some(ClusterHash::Custom(slot)),
+            ..Default::default()
+        };
+        // A pipeline has no EVALSHA of its own (fred routes scripts by their keys):
+        // the command is spelled out, routed to the slot like the WAIT after it.
+        let mut eval: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        eval.push(self.scripts.sha(script).into());
+        eval.push((keys.len() as i64).into());
+        eval.extend(keys.iter().map(|k| Value::from(k.as_str())));
+        eval.extend(args.iter().map(|a| Value::from(a.as_str())));
+        let queued: Result<(), fred::error::Error> = async {
+            p.custom::<(), _>(
+                CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false),
+                eval,
+            )
+            .await?;
+            p.with_options(&on_slot)
+                .wait::<()>(
+                    i64::from(self.replica_acks),
+                    self.ack_timeout.as_millis() as i64,
+                )
+                .await?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = queued {
+            return (Err(e.clone()), Err(e));
+        }
+        let mut answers = p.try_all::<Value>().await.into_iter();
+        let value = answers.next().unwrap_or_else(|| {
+            Err(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                "pipeline lost its first answer",
+            ))
+        });
+        let waited = answers
+            .next()
+            .unwrap_or_else(|| {
+                Err(fred::error::Error::new(
+                    fred::error::ErrorKind::Unknown,
+                    "pipeline lost its WAIT answer",
+                ))
+            })
+            .and_then(|v| {
+                v.as_i64().ok_or_else(|| {
+                    fred::error::Error::new(fred::error::ErrorKind::Parse, "WAIT answered no integer")
+                })
+            });
+        (value, waited)
     }
 
     /// `GET` of an integer key; a missing key is `None`.
@@ -225,6 +473,13 @@ impl Redis {
         )
         .await
     }
+}
+
+/// The master the client's routing table names for `slot`.
+fn master_of(client: &Client, slot: u16) -> Option<fred::types::config::Server> {
+    client
+        .cached_cluster_state()
+        .and_then(|s| s.get_server(slot).cloned())
 }
 
 /// The parts of a script's array answer.

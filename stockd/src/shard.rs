@@ -80,7 +80,7 @@ impl ShardState {
 
 /// Epochs are base-36 millisecond times without leading zeros: longer is newer, and
 /// equal lengths compare as text.
-fn epoch_newer(a: &str, b: &str) -> bool {
+pub(crate) fn epoch_newer(a: &str, b: &str) -> bool {
     (a.len(), a) > (b.len(), b)
 }
 

@@ -28,6 +28,7 @@ use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
+use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
 
@@ -183,7 +184,7 @@ impl App {
                     ))
                 }
                 Script::Lost => {
-                    self.trigger_recompute(&entry, "fence missing at reserve");
+                    self.trigger_recompute(&entry, Cause::Lost, "fence or stock key missing at reserve");
                     return Err(Error::Unavailable(format!(
                         "activity {activity} lost its Redis state; rebuilding from MySQL"
                     )));
@@ -293,18 +294,36 @@ impl App {
     ) -> Result<Step> {
         let a = entry.id();
         let take = TakeCall::new(a, donor, item, self.config.stock.rebalance_batch);
-        let taken = match MoveReply::from_reply(int(&self.redis.call(take).await?)?) {
+        let took = self.redis.call_acked(take, &keys::fence(a, donor)).await?;
+        let taken = match MoveReply::from_reply(int(&took.value)?) {
             MoveReply::FenceMissing => {
-                self.trigger_recompute(&entry, "fence missing at take");
+                self.trigger_recompute(&entry, Cause::Lost, "fence missing at take");
                 return Ok(Step::Lost);
             }
             MoveReply::Units(0) => return Ok(Step::Empty),
             MoveReply::Units(n) => n,
         };
+        if !took.replicated {
+            // No replica holds the take yet. Giving the units to the home shard now
+            // would create them twice if the take died in a failover (oversell); not
+            // giving them loses them until a rebuild or a repairing reconcile
+            // (undersell), which is the side a move may err on.
+            tracing::warn!(
+                a,
+                item,
+                donor,
+                taken,
+                "rebalancing: the take is not on a replica; units held back (undersold until \
+                 a rebuild or `seckillctl reconcile --repair`)"
+            );
+            return Err(Error::Unavailable(
+                "rebalancing: the donor shard's replica did not acknowledge in time".into(),
+            ));
+        }
         let give = GiveCall::new(a, home, item, taken);
         if MoveReply::from_reply(int(&self.redis.call(give).await?)?) == MoveReply::FenceMissing {
             // The units are lost (undersell) until the recompute restores them.
-            self.trigger_recompute(&entry, "fence missing at give");
+            self.trigger_recompute(&entry, Cause::Lost, "fence missing at give");
             return Ok(Step::Lost);
         }
         self.metrics.rebalance_units.inc_by(taken as u64);

@@ -336,7 +336,7 @@ async fn a_rewound_shard_with_its_fence_intact_is_caught_at_the_next_reserve_and
     let err = reserve(&mut c, a, s, &users[15], "r").await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert_eq!(h.metrics.lost_writes.get(), 1);
-    assert_eq!(h.metrics.lost_reservations.get(), 5, "the sequence gap");
+    assert_eq!(h.metrics.lost_reservations_total(), 5, "the sequence gap");
 
     // Rebuilt from MySQL: 10 orders; the 5 lost reservations left no trace there.
     wait_until_async("the recompute", Duration::from_secs(30), || {
@@ -399,7 +399,7 @@ async fn a_rewound_shard_is_found_by_the_periodic_check_while_nobody_buys() {
     let metrics = h.metrics.clone();
     wait_until_async("the periodic check", Duration::from_secs(30), || {
         let metrics = metrics.clone();
-        async move { metrics.lost_reservations.get() == 3 }
+        async move { metrics.lost_reservations_total() == 3 }
     })
     .await;
     wait_until_async("the recompute", Duration::from_secs(30), || {
