@@ -175,13 +175,20 @@ impl App {
         let seen: Vec<HighWater> = (0..shards).map(|i| entry.high_water(i)).collect();
         let before = self.shard_marks(a, shards).await?;
         let lease = self.take_lease(a).await?;
-        if cause != Cause::Repair {
-            let now = self.shard_marks(a, shards).await?;
-            if let Some(epoch) = reopened_by_peer(&before, &now, &seen) {
-                tracing::info!(activity = a, epoch, "a peer rebuilt the activity; nothing to do");
-                lease.release().await;
-                return Ok(None);
+        let settled = match cause {
+            Cause::Repair => false,
+            // Lost state is back when every fence and stock key is there again: a peer
+            // rebuilt, or the fences were only closed for a peer's rebuild.
+            Cause::Lost => self.intact(entry).await?,
+            Cause::Behind | Cause::Start => {
+                let now = self.shard_marks(a, shards).await?;
+                reopened_by_peer(&before, &now, &seen).is_some()
             }
+        };
+        if settled {
+            tracing::info!(activity = a, ?cause, "a peer rebuilt the activity; nothing to do");
+            lease.release().await;
+            return Ok(None);
         }
         let token = lease.token;
         // 1. Close.
@@ -402,13 +409,25 @@ impl App {
                 return Ok(Some(Cause::Start));
             }
         }
-        for s in entry.item_ids() {
-            if self.shard_stock_present(a, s, shards).await? {
-                continue;
-            }
+        if !self.intact(entry).await? {
             return Ok(Some(Cause::Lost));
         }
         Ok(None)
+    }
+
+    /// True when every shard of the activity has its fence and a stock key for every
+    /// item.
+    async fn intact(&self, entry: &ActivityEntry) -> Result<bool> {
+        let (a, shards) = (entry.id(), entry.shards());
+        if !self.fences_present(a, shards).await? {
+            return Ok(false);
+        }
+        for s in entry.item_ids() {
+            if !self.shard_stock_present(a, s, shards).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Runs [`Self::start_check`] on every open activity once, at start-up: an intact

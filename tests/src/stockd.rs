@@ -255,7 +255,7 @@ pub async fn spawn_stockd_process(
     let base = format!(
         "[grpc]\nlisten = \"127.0.0.1:{grpc_port}\"\nservice_token = \"{SERVICE_TOKEN}\"\n\
          drain_ms = 2000\n[admin]\nlisten = \"127.0.0.1:{admin_port}\"\n\
-         [redis]\nnodes = [{nodes}]\n[mysql]\nurl = \"{}\"\n\
+         [redis]\nnodes = [{nodes}]\nreplica_acks = 0\n[mysql]\nurl = \"{}\"\n\
          [stock]\nfence_check_ms = 200\nschedule_poll_ms = 200\n",
         deps.db.url()
     );
@@ -333,6 +333,65 @@ pub async fn shard_stock(
             .await
             .expect("GET stock");
         out.push(n.unwrap_or(0));
+    }
+    out
+}
+
+/// What orderd does with a reservation, by hand: an order row and MySQL stock − 1.
+pub async fn make_order(db: &crate::TestDb, a: u64, s: u64, user: &str, req: &str, rid: &str) {
+    let shard = rid.parse::<seckill_lua::ReservationId>().unwrap().shard;
+    sqlx::query(
+        "INSERT INTO orders (id, activity_id, item_id, user_id, request_id, shard, amount_cents, \
+         status, reserved_at) VALUES (?, ?, ?, ?, ?, ?, 100, 'PENDING', NOW(3))",
+    )
+    .bind(rid)
+    .bind(a)
+    .bind(s)
+    .bind(user)
+    .bind(req)
+    .bind(shard)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE activity_items SET stock = stock - 1 WHERE id = ? AND stock >= 1")
+        .bind(s)
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+/// GetStock, `None` when it fails.
+pub async fn stock_status(c: &mut StockClient, a: u64, s: u64) -> Option<pb::GetStockResponse> {
+    c.get_stock(pb::GetStockRequest {
+        activity_id: a,
+        item_id: s,
+    })
+    .await
+    .ok()
+    .map(|r| r.into_inner())
+}
+
+/// Every call at once; answers that are not UNAVAILABLE, by user.
+pub async fn crowd(
+    c: &StockClient,
+    a: u64,
+    s: u64,
+    calls: Vec<(String, String)>,
+) -> Vec<(String, pb::ReserveResponse)> {
+    let tasks: Vec<_> = calls
+        .into_iter()
+        .map(|(user, req)| {
+            let mut c = c.clone();
+            tokio::spawn(async move { (user.clone(), reserve(&mut c, a, s, &user, &req).await) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        let (user, r) = t.await.unwrap();
+        match r {
+            Ok(r) => out.push((user, r)),
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
+        }
     }
     out
 }

@@ -14,69 +14,12 @@ use seckill_lua::keys;
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{
-    create_published_activity, reserve, shard_stock, spawn_stockd, StockClient,
+    create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd,
+    stock_status,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// What orderd does with a reservation, by hand: an order row and MySQL stock − 1.
-async fn make_order(db: &TestDb, a: u64, s: u64, user: &str, req: &str, rid: &str) {
-    let shard = rid.parse::<seckill_lua::ReservationId>().unwrap().shard;
-    sqlx::query(
-        "INSERT INTO orders (id, activity_id, item_id, user_id, request_id, shard, amount_cents, \
-         status, reserved_at) VALUES (?, ?, ?, ?, ?, ?, 100, 'PENDING', NOW(3))",
-    )
-    .bind(rid)
-    .bind(a)
-    .bind(s)
-    .bind(user)
-    .bind(req)
-    .bind(shard)
-    .execute(db.pool())
-    .await
-    .unwrap();
-    sqlx::query("UPDATE activity_items SET stock = stock - 1 WHERE id = ? AND stock >= 1")
-        .bind(s)
-        .execute(db.pool())
-        .await
-        .unwrap();
-}
-
-async fn stock_status(c: &mut StockClient, a: u64, s: u64) -> Option<pb::GetStockResponse> {
-    c.get_stock(pb::GetStockRequest {
-        activity_id: a,
-        item_id: s,
-    })
-    .await
-    .ok()
-    .map(|r| r.into_inner())
-}
-
-/// Every call at once; answers that are not UNAVAILABLE, by user.
-async fn crowd(
-    c: &StockClient,
-    a: u64,
-    s: u64,
-    calls: Vec<(String, String)>,
-) -> Vec<(String, pb::ReserveResponse)> {
-    let tasks: Vec<_> = calls
-        .into_iter()
-        .map(|(user, req)| {
-            let mut c = c.clone();
-            tokio::spawn(async move { (user.clone(), reserve(&mut c, a, s, &user, &req).await) })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        let (user, r) = t.await.unwrap();
-        match r {
-            Ok(r) => out.push((user, r)),
-            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
-        }
-    }
-    out
-}
 
 #[tokio::test]
 async fn a_redis_flush_mid_sale_is_recomputed_from_mysql_and_nothing_is_oversold() {
