@@ -149,3 +149,61 @@ async fn mysql_down_for_seconds_mid_stream_backs_off_then_drains_the_backlog() {
     assert_exactly_once(&db, &rids, s, 3000).await;
     orderd.stop().await.unwrap();
 }
+
+/// Redis lost a reservation's writes in a failover and, before a rebuild, handed its
+/// sequence (so its id) out again to another buyer. The second entry is not a
+/// redelivery: it is dead-lettered with the reason, visible, never silently dropped,
+/// and the first buyer's order is untouched.
+#[tokio::test]
+async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_redelivery() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(10, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
+        c.consumer.claim_idle_ms = 100;
+        c.consumer.max_deliveries = 2;
+    })
+    .await;
+    let first = reserve_direct(&redis, a, s, 1, "first-buyer", "r1").await;
+    assert_eq!(first.outcome, "RESERVED");
+    wait_orders(&db, 1, Duration::from_secs(30)).await;
+    // The same id again, for someone else (what a rewound shard would append).
+    let entry = vec![
+        ("rid", first.rid.clone()),
+        ("uid", "second-buyer".to_string()),
+        ("a", a.to_string()),
+        ("s", s.to_string()),
+        ("req", "r2".to_string()),
+        ("ts", "1700000000000".to_string()),
+    ];
+    let _: fred::types::Value = redis
+        .xadd(keys::orders_stream(a, 0), false, None, "*", entry)
+        .await
+        .unwrap();
+    wait_until_async("a dead letter", Duration::from_secs(30), || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        n == 1
+    })
+    .await;
+    let (rid, error): (String, String) =
+        sqlx::query_as("SELECT reservation_id, last_error FROM dead_letters")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(rid, first.rid);
+    assert!(error.contains("handed out twice"), "{error}");
+    let (user,): (String,) = sqlx::query_as("SELECT user_id FROM orders WHERE id = ?")
+        .bind(&first.rid)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(user, "first-buyer");
+    assert_eq!(count_all_orders(&db).await, 1);
+    assert_eq!(orderd.metrics.dead_letters_total.get(), 1);
+}

@@ -27,6 +27,9 @@ pub const SOLD_OUT_AFTER_ALL: &str = "sold out after all: no unit left in MySQL 
 /// `failure_reason` of an order whose user already holds an active order of the item.
 pub const ALREADY_HOLDS: &str = "the user already holds an active order for this item";
 
+/// Start of the poison reason of a reservation id that names another buyer's order.
+pub const COLLISION: &str = "reservation id handed out twice";
+
 /// Rows per multi-row `INSERT`.
 const INSERT_CHUNK: usize = 1000;
 
@@ -166,12 +169,14 @@ async fn load_items(
         .collect())
 }
 
-/// Step 2: orders that already exist: redeliveries.
+/// Step 2: orders that already exist, with the buyer and request they were made for:
+/// redeliveries, or (another buyer) a reservation id Redis handed out twice.
 async fn existing_orders(
     tx: &mut Transaction<'_, MySql>,
     batch: &[Reservation],
-) -> Result<HashSet<String>> {
-    let mut q = QueryBuilder::<MySql>::new("SELECT id FROM orders WHERE id IN (");
+) -> Result<HashMap<String, (String, String)>> {
+    let mut q =
+        QueryBuilder::<MySql>::new("SELECT id, user_id, request_id FROM orders WHERE id IN (");
     let mut sep = q.separated(", ");
     for r in batch {
         sep.push_bind(r.rid.to_string());
@@ -181,7 +186,7 @@ async fn existing_orders(
         .fetch_all(&mut **tx)
         .await?
         .into_iter()
-        .map(|r| r.get::<String, _>(0))
+        .map(|r| (r.get::<String, _>(0), (r.get(1), r.get(2))))
         .collect())
 }
 
@@ -220,7 +225,7 @@ async fn active_holders(
 fn classify(
     batch: &[Reservation],
     items: &HashMap<u64, ItemRow>,
-    existing: &HashSet<String>,
+    existing: &HashMap<String, (String, String)>,
     mut holders: HashSet<(String, u64)>,
 ) -> (Outcomes, HashMap<u64, Vec<usize>>) {
     let mut out: Outcomes = vec![None; batch.len()];
@@ -228,7 +233,20 @@ fn classify(
     let mut wanted: HashMap<u64, Vec<usize>> = HashMap::new();
     for (k, r) in batch.iter().enumerate() {
         let id = r.rid.to_string();
-        if existing.contains(&id) || !seen.insert(id) {
+        if let Some((user, request)) = existing.get(&id) {
+            out[k] = Some(if *user == r.user && *request == r.request {
+                Written::Already
+            } else {
+                // The same id for another buyer: Redis lost the first reservation's
+                // writes (a failover) and handed its sequence out again before a
+                // rebuild. Not a redelivery: dead-lettered, visible, never dropped.
+                Written::Poison(format!(
+                    "{COLLISION}: {id} is already the order of user {user} (request {request})"
+                ))
+            });
+            continue;
+        }
+        if !seen.insert(id) {
             out[k] = Some(Written::Already);
             continue;
         }
