@@ -162,9 +162,11 @@ pub struct StockConfig {
     /// in ms (50..=600000). Default 1000.
     #[serde(default = "default_schedule_poll_ms")]
     pub schedule_poll_ms: u64,
-    /// Rebuild every open activity's shards from MySQL at start-up (true), or only
-    /// those whose fence keys are missing (false). True also repairs writes lost in a
-    /// failover that kept the fences. Default true.
+    /// At start-up, check every open activity against MySQL before it opens (true):
+    /// a missing fence or stock key, or MySQL holding reservations past a shard's
+    /// sequence (Redis lost writes while no stockd was there to notice), rebuilds it;
+    /// an intact one opens as it is, so a stockd that joins a running fleet closes no
+    /// peer's shards. False: only the fence check (missing fences) decides. Default true.
     #[serde(default = "default_true")]
     pub recompute_at_start: bool,
 }
