@@ -117,7 +117,11 @@ impl Scripts {
     /// After a call sent at `mark` met `NOSCRIPT`: loads every script on every primary
     /// unless a reload completed since `mark` (then the scripts are there already).
     /// Returns true when this call loaded.
-    pub async fn reload_after(&self, client: &Client, mark: u64) -> Result<bool, fred::error::Error> {
+    pub async fn reload_after(
+        &self,
+        client: &Client,
+        mark: u64,
+    ) -> Result<bool, fred::error::Error> {
         let _one = self.loading.lock().await;
         if self.loads.load(Ordering::Acquire) != mark {
             return Ok(false);

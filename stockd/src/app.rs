@@ -33,7 +33,8 @@ impl App {
         metrics: Metrics,
         shutdown: Shutdown,
     ) -> Arc<Self> {
-        let rebuilds = tokio::sync::Semaphore::new((config.mysql.max_connections as usize / 2).max(1));
+        let rebuilds =
+            tokio::sync::Semaphore::new((config.mysql.max_connections as usize / 2).max(1));
         Arc::new(Self {
             rebuilds,
             config,

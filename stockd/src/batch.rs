@@ -125,7 +125,7 @@ impl App {
             Err(e) => return answer_all(answers, &e),
         };
         for (answer, f) in answers.into_iter().zip(parts.chunks_exact(3)) {
-            let out = match parse(entry, shard, &hw, f) {
+            let out = match parse(entry, shard, &hw, f, replicated) {
                 Ok(Script::Reserved(..) | Script::Retry(..)) if !replicated => Err(unreplicated()),
                 out => out,
             };
@@ -140,13 +140,16 @@ fn parse(
     shard: u32,
     hw: &HighWater,
     f: &[fred::types::Value],
+    replicated: bool,
 ) -> Result<Script> {
     let rid = text(&f[1]);
     let left = int(&f[2])?;
     Ok(match f[0].as_str().as_deref().unwrap_or_default() {
         reserve_outcome::RESERVED => {
             if let Ok(id) = rid.parse::<ReservationId>() {
-                entry.saw(shard, &id.epoch, id.seq);
+                // Marked also when not replicated: a failover that loses it must still be
+                // found (BEHIND), or its sequence would be handed out again.
+                entry.saw(shard, &id.epoch, id.seq, replicated);
             }
             Script::Reserved(rid, left)
         }

@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use seckill_proto::pb;
 
-use crate::shard::{HighWater, ShardQueue, ShardState};
+use crate::shard::{Gap, HighWater, ShardQueue, ShardState};
 
 /// One item of a published activity.
 #[derive(Debug)]
@@ -86,13 +86,13 @@ impl ActivityEntry {
             .unwrap_or_default()
     }
     /// See [`ShardState::take_behind`].
-    pub fn take_behind(&self, shard: u32, seen: &HighWater, found: u64) -> Option<u64> {
+    pub fn take_behind(&self, shard: u32, seen: &HighWater, found: u64) -> Option<Gap> {
         self.shard(shard)?.take_behind(seen, found)
     }
     /// See [`ShardState::saw`].
-    pub fn saw(&self, shard: u32, epoch: &str, seq: u64) {
+    pub fn saw(&self, shard: u32, epoch: &str, seq: u64, promised: bool) {
         if let Some(s) = self.shard(shard) {
-            s.saw(epoch, seq);
+            s.saw(epoch, seq, promised);
         }
     }
     pub fn start_ms(&self) -> i64 {

@@ -67,7 +67,10 @@ impl App {
             if !waited {
                 waited = true;
                 self.metrics.rebuild_lease_waits.inc();
-                tracing::info!(activity = a, "another stockd is rebuilding; waiting for its lease");
+                tracing::info!(
+                    activity = a,
+                    "another stockd is rebuilding; waiting for its lease"
+                );
             }
             if self.shutdown.is_fired() {
                 return Err(Error::Unavailable("shutting down".into()));

@@ -78,9 +78,14 @@ pub struct Metrics {
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
     pub lost_writes: IntCounter,
-    /// `stockd_lost_reservations_total{path}`: reservations handed out and then lost by
-    /// Redis before orderd read them, by the path that found them ([`LOST_PATHS`]).
+    /// `stockd_lost_reservations_total{path}`: reservations answered RESERVED and then
+    /// lost by Redis before orderd read them, by the path that found them
+    /// ([`LOST_PATHS`]). Page on any rise.
     pub lost_reservations: IntCounterVec,
+    /// `stockd_lost_unconfirmed_total`: reservations Redis lost that were never answered
+    /// RESERVED (no replica acknowledged them in time; their callers got UNAVAILABLE and
+    /// retry): promised to nobody, so no page.
+    pub lost_unconfirmed: IntCounter,
     /// `stockd_replica_ack_seconds`: a replica-acknowledged reserve call, script and
     /// `WAIT` together, seconds.
     pub replica_ack_seconds: Histogram,
@@ -178,6 +183,11 @@ impl Metrics {
             &["path"],
         )
         .expect("valid metric");
+        let lost_unconfirmed = IntCounter::new(
+            "stockd_lost_unconfirmed_total",
+            "Reservations Redis lost that were never answered RESERVED (no replica acknowledged them)",
+        )
+        .expect("valid metric");
         let replica_ack_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "stockd_replica_ack_seconds",
@@ -239,6 +249,7 @@ impl Metrics {
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
+            Box::new(lost_unconfirmed.clone()),
             Box::new(replica_ack_seconds.clone()),
             Box::new(replica_acks_total.clone()),
             Box::new(replica_ack_timeouts.clone()),
@@ -266,6 +277,7 @@ impl Metrics {
             lost_writes,
             lost_reservations,
             rebalance_units,
+            lost_unconfirmed,
             replica_ack_seconds,
             replica_acks_total,
             replica_ack_timeouts,
@@ -283,13 +295,24 @@ impl Metrics {
             .sum()
     }
 
+    /// Counts lost reservations found on `path`: `promised` were answered RESERVED,
+    /// `unconfirmed` were not.
+    pub fn count_lost(&self, path: &str, promised: u64, unconfirmed: u64) {
+        self.lost_reservations
+            .with_label_values(&[path])
+            .inc_by(promised);
+        self.lost_unconfirmed.inc_by(unconfirmed);
+    }
+
     /// Counts one replica-acknowledged call that took `secs`.
     pub fn replica_acks(&self, replicated: bool, secs: f64) {
         self.replica_ack_seconds.observe(secs);
         if replicated {
             self.replica_acks_total.with_label_values(&["ok"]).inc();
         } else {
-            self.replica_acks_total.with_label_values(&["timeout"]).inc();
+            self.replica_acks_total
+                .with_label_values(&["timeout"])
+                .inc();
             self.replica_ack_timeouts.inc();
         }
     }

@@ -87,7 +87,12 @@ type Mark = (Option<String>, u64);
 
 impl App {
     /// Marks the activity unavailable and starts a rebuild unless one is running.
-    pub fn trigger_recompute(self: &Arc<Self>, entry: &Arc<ActivityEntry>, cause: Cause, why: &str) {
+    pub fn trigger_recompute(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        cause: Cause,
+        why: &str,
+    ) {
         entry.available.store(false, Ordering::Release);
         if entry
             .recomputing
@@ -186,7 +191,11 @@ impl App {
             }
         };
         if settled {
-            tracing::info!(activity = a, ?cause, "a peer rebuilt the activity; nothing to do");
+            tracing::info!(
+                activity = a,
+                ?cause,
+                "a peer rebuilt the activity; nothing to do"
+            );
             lease.release().await;
             return Ok(None);
         }
@@ -225,8 +234,15 @@ impl App {
         let (records, known) = db::snapshot(&self.db, a, &rids).await?;
         // 4. What Redis lost.
         for i in 0..shards {
-            self.account_lost(a, i, cause, &before[i as usize], &seen[i as usize], &entries)
-                .await?;
+            self.account_lost(
+                a,
+                i,
+                cause,
+                &before[i as usize],
+                &seen[i as usize],
+                &entries,
+            )
+            .await?;
         }
         // 5. Plan every shard.
         let mut buyers: Vec<HashMap<u64, Vec<(String, String)>>> =
@@ -353,11 +369,16 @@ impl App {
             (Cause::Repair, Some(_)) => Some("repair"),
             (Cause::Lost, Some(_)) => Some("key_missing"),
         };
+        // Promised: answered RESERVED by this process, or handed out by another one
+        // (its answer is unknown here, so counted as promised).
+        let mine = seen.epoch == epoch;
+        let unconfirmed = lost
+            .iter()
+            .filter(|&&q| mine && q > seen.promised && q <= seen.seq)
+            .count() as u64;
         if let Some(path) = path {
             self.metrics
-                .lost_reservations
-                .with_label_values(&[path])
-                .inc_by(lost.len() as u64);
+                .count_lost(path, lost.len() as u64 - unconfirmed, unconfirmed);
         }
         let ids: Vec<String> = lost
             .iter()
@@ -514,19 +535,20 @@ impl App {
         };
         self.metrics.lost_writes.inc();
         self.metrics
-            .lost_reservations
-            .with_label_values(&["behind"])
-            .inc_by(gap);
+            .count_lost("behind", gap.promised, gap.lost - gap.promised);
         tracing::error!(
             activity = entry.id(),
             shard,
             epoch = %seen.epoch,
             found,
-            gap,
+            lost = gap.lost,
+            promised = gap.promised,
             "Redis lost writes: reservation sequences {}..={} of this shard were handed out \
-             and are gone from Redis (those orderd did not read yet are lost)",
+             and are gone from Redis (those orderd did not read yet are lost; {} of them were \
+             answered RESERVED)",
             found + 1,
-            found + gap,
+            found + gap.lost,
+            gap.promised,
         );
         self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
     }
@@ -597,14 +619,23 @@ impl App {
 /// one new epoch; nothing else writes a newer one).
 fn reopened_by_peer(before: &[Mark], now: &[Mark], seen: &[HighWater]) -> Option<String> {
     let first = now.first()?.0.clone()?;
-    if now.iter().any(|(fence, _)| fence.as_deref() != Some(first.as_str())) {
+    if now
+        .iter()
+        .any(|(fence, _)| fence.as_deref() != Some(first.as_str()))
+    {
         return None;
     }
     let older = before
         .iter()
         .filter_map(|(fence, _)| fence.as_deref())
-        .chain(seen.iter().map(|hw| hw.epoch.as_str()).filter(|e| !e.is_empty()));
-    let newer = older.into_iter().all(|e| crate::shard::epoch_newer(&first, e));
+        .chain(
+            seen.iter()
+                .map(|hw| hw.epoch.as_str())
+                .filter(|e| !e.is_empty()),
+        );
+    let newer = older
+        .into_iter()
+        .all(|e| crate::shard::epoch_newer(&first, e));
     newer.then_some(first)
 }
 
@@ -621,6 +652,7 @@ mod tests {
         let hw = |e: &str| HighWater {
             epoch: e.into(),
             seq: 3,
+            promised: 3,
         };
         // Closed before the lease, open under a new epoch after it: a peer rebuilt.
         let before = [mark(None), mark(Some("abc"))];
@@ -630,9 +662,15 @@ mod tests {
             Some("abd".into())
         );
         // Still closed, or open under the epoch this process saw: rebuild.
-        assert_eq!(reopened_by_peer(&before, &before, &[hw("abc"), hw("")]), None);
+        assert_eq!(
+            reopened_by_peer(&before, &before, &[hw("abc"), hw("")]),
+            None
+        );
         let same = [mark(Some("abc")), mark(Some("abc"))];
-        assert_eq!(reopened_by_peer(&same, &same, &[hw("abc"), hw("abc")]), None);
+        assert_eq!(
+            reopened_by_peer(&same, &same, &[hw("abc"), hw("abc")]),
+            None
+        );
         // Shards under different epochs: not one finished rebuild.
         let mixed = [mark(Some("abd")), mark(Some("abe"))];
         assert_eq!(reopened_by_peer(&before, &mixed, &[hw(""), hw("")]), None);

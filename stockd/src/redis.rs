@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use fred::types::config::{Options, ReconnectPolicy};
 use fred::types::{ClusterHash, CustomCommand, Value};
-use tokio::sync::Semaphore;
 use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::calls::Call;
 use seckill_lua::scripts::Script;
+use tokio::sync::Semaphore;
 
 use crate::config::RedisConfig;
 use crate::error::{Error, Result};
@@ -132,13 +132,9 @@ impl Redis {
                     command_attempts: 1,
                     reconnect: ReconnectPolicy::new_constant(0, 100),
                 };
-                let c = seckill_daemon::redis::builder(
-                    &cfg.nodes,
-                    timeout,
-                    connect_timeout,
-                    retries,
-                )
-                .build()?;
+                let c =
+                    seckill_daemon::redis::builder(&cfg.nodes, timeout, connect_timeout, retries)
+                        .build()?;
                 c.init().await.ok();
                 clients.push(c);
             }
@@ -279,8 +275,9 @@ impl Redis {
                 loop {
                     let master = master_of(client, slot);
                     let mark = self.scripts.mark();
-                    let (value, waited) =
-                        self.pipeline_wait(client, &script, &keys, &args, slot).await;
+                    let (value, waited) = self
+                        .pipeline_wait(client, &script, &keys, &args, slot)
+                        .await;
                     match value {
                         Err(e) if seckill_daemon::redis::is_noscript(&e) && !reloaded => {
                             tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
@@ -377,7 +374,10 @@ impl Redis {
             })
             .and_then(|v| {
                 v.as_i64().ok_or_else(|| {
-                    fred::error::Error::new(fred::error::ErrorKind::Parse, "WAIT answered no integer")
+                    fred::error::Error::new(
+                        fred::error::ErrorKind::Parse,
+                        "WAIT answered no integer",
+                    )
                 })
             });
         (value, waited)

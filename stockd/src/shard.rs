@@ -23,6 +23,18 @@ use crate::error::Result;
 pub struct HighWater {
     pub epoch: String,
     pub seq: u64,
+    /// The highest of those answered RESERVED (a replica held it, or no replica was
+    /// asked for): the others were answered UNAVAILABLE, promised to nobody.
+    pub promised: u64,
+}
+
+/// A sequence gap: reservations handed out and gone from Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// Every lost sequence.
+    pub lost: u64,
+    /// Those answered RESERVED.
+    pub promised: u64,
 }
 
 /// One shard's state: its high-water mark and its reservation queue.
@@ -44,27 +56,35 @@ impl ShardState {
     /// reported once. (Comparing with a mark taken *before* the read matters: the mark
     /// moves on with every reservation, and one taken after the read would be ahead of
     /// a healthy Redis.)
-    pub fn take_behind(&self, seen: &HighWater, found: u64) -> Option<u64> {
+    pub fn take_behind(&self, seen: &HighWater, found: u64) -> Option<Gap> {
         let mut hw = self.lock_high_water();
         if hw.epoch == seen.epoch && seen.seq > found {
-            let gap = hw.seq.max(seen.seq) - found;
+            let gap = Gap {
+                lost: hw.seq.max(seen.seq) - found,
+                promised: hw.promised.max(seen.promised).saturating_sub(found),
+            };
             *hw = HighWater::default();
             return Some(gap);
         }
         None
     }
 
-    /// Records that Redis handed out `seq` under `epoch`. A newer epoch (a recompute
-    /// opened the shard again) replaces the mark.
-    pub fn saw(&self, epoch: &str, seq: u64) {
+    /// Records that Redis handed out `seq` under `epoch`, answered RESERVED when
+    /// `promised`. A newer epoch (a recompute opened the shard again) replaces the mark.
+    pub fn saw(&self, epoch: &str, seq: u64, promised: bool) {
         let mut hw = self.lock_high_water();
-        if hw.epoch == epoch {
-            hw.seq = hw.seq.max(seq);
-        } else if epoch_newer(epoch, &hw.epoch) {
+        if hw.epoch != epoch {
+            if !epoch_newer(epoch, &hw.epoch) {
+                return;
+            }
             *hw = HighWater {
                 epoch: epoch.to_string(),
-                seq,
+                ..HighWater::default()
             };
+        }
+        hw.seq = hw.seq.max(seq);
+        if promised {
+            hw.promised = hw.promised.max(seq);
         }
     }
 
@@ -143,5 +163,52 @@ impl Drop for Unwind<'_> {
         if std::thread::panicking() {
             self.0.lock().running = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_counts_as_promised_only_what_was_answered_reserved() {
+        let s = ShardState::default();
+        for seq in 1..=10 {
+            s.saw("e1", seq, true);
+        }
+        // 11..=14 written but no replica acknowledged them: answered UNAVAILABLE.
+        for seq in 11..=14 {
+            s.saw("e1", seq, false);
+        }
+        let seen = s.high_water();
+        assert_eq!((seen.seq, seen.promised), (14, 10));
+        // A failover kept 1..=8: 9 and 10 were promised, 11..=14 were not.
+        let gap = s.take_behind(&seen, 8).unwrap();
+        assert_eq!(
+            gap,
+            Gap {
+                lost: 6,
+                promised: 2
+            }
+        );
+        // Reported once.
+        assert_eq!(s.take_behind(&seen, 8), None);
+    }
+
+    #[test]
+    fn a_newer_epoch_replaces_the_mark_and_an_older_one_is_ignored() {
+        let s = ShardState::default();
+        s.saw("abc", 5, true);
+        s.saw("abd", 2, false);
+        assert_eq!(
+            s.high_water(),
+            HighWater {
+                epoch: "abd".into(),
+                seq: 2,
+                promised: 0
+            }
+        );
+        s.saw("abc", 9, true);
+        assert_eq!(s.high_water().seq, 2);
     }
 }

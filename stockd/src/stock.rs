@@ -184,7 +184,11 @@ impl App {
                     ))
                 }
                 Script::Lost => {
-                    self.trigger_recompute(&entry, Cause::Lost, "fence or stock key missing at reserve");
+                    self.trigger_recompute(
+                        &entry,
+                        Cause::Lost,
+                        "fence or stock key missing at reserve",
+                    );
                     return Err(Error::Unavailable(format!(
                         "activity {activity} lost its Redis state; rebuilding from MySQL"
                     )));

@@ -12,8 +12,8 @@ use seckill_lua::{keys, ReservationId};
 use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{
-    create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd,
-    stock_status, StockClient, StockdHandle,
+    create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd, stock_status,
+    StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -48,7 +48,10 @@ async fn two_stockd_that_find_the_state_lost_at_once_run_one_rebuild_and_the_sto
     let deps = Deps::new(&cluster, &db);
     // Both find the loss at about the same moment (a reserve each, and their fence
     // checks every 200 ms).
-    let (h1, h2) = (spawn_stockd(&deps, |_| {}).await, spawn_stockd(&deps, |_| {}).await);
+    let (h1, h2) = (
+        spawn_stockd(&deps, |_| {}).await,
+        spawn_stockd(&deps, |_| {}).await,
+    );
     let act = create_published_activity(&h1, &[(100, 100)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let (c1, c2) = (h1.stock_client().await, h2.stock_client().await);
@@ -91,7 +94,10 @@ async fn two_stockd_that_find_the_state_lost_at_once_run_one_rebuild_and_the_sto
     let calls = (0..200).map(|u| (format!("n{u}"), "r".to_string()));
     let (half1, half2): (Vec<_>, Vec<_>) = calls.enumerate().partition(|(k, _)| k % 2 == 0);
     let strip = |v: Vec<(usize, (String, String))>| v.into_iter().map(|(_, c)| c).collect();
-    let (w1, w2) = tokio::join!(crowd(&c1, a, s, strip(half1)), crowd(&c2, a, s, strip(half2)));
+    let (w1, w2) = tokio::join!(
+        crowd(&c1, a, s, strip(half1)),
+        crowd(&c2, a, s, strip(half2))
+    );
     let won: HashSet<String> = w1
         .iter()
         .chain(&w2)
@@ -135,7 +141,9 @@ async fn a_stockd_that_starts_while_its_peer_serves_closes_no_shard() {
     let h2 = spawn_stockd(&deps, |c| assert!(c.stock.recompute_at_start)).await;
     let c2 = h2.stock_client().await;
     until_available(&c2, a, s).await;
-    let r = reserve(&mut c2.clone(), a, s, "newcomer", "r").await.unwrap();
+    let r = reserve(&mut c2.clone(), a, s, "newcomer", "r")
+        .await
+        .unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut sold = 0;
@@ -143,7 +151,11 @@ async fn a_stockd_that_starts_while_its_peer_serves_closes_no_shard() {
         sold += b.await.unwrap();
     }
     assert!(sold > 0);
-    assert_eq!(fences(&redis, a, 8).await, before, "no shard was closed or reopened");
+    assert_eq!(
+        fences(&redis, a, 8).await,
+        before,
+        "no shard was closed or reopened"
+    );
     assert_eq!(recomputes(&h2, "ok") + recomputes(&h1, "ok"), 0);
 }
 
@@ -176,14 +188,30 @@ async fn a_stockd_that_starts_after_redis_lost_writes_rebuilds_before_it_opens()
     let h2 = spawn_stockd(&deps, |_| {}).await;
     let mut c2 = h2.stock_client().await;
     until_available(&c2, a, s).await;
-    assert_eq!(recomputes(&h2, "ok"), 1, "rebuilt from MySQL before opening");
-    assert_ne!(fences(&redis, a, 2).await, old, "reopened under a new epoch");
+    assert_eq!(
+        recomputes(&h2, "ok"),
+        1,
+        "rebuilt from MySQL before opening"
+    );
+    assert_ne!(
+        fences(&redis, a, 2).await,
+        old,
+        "reopened under a new epoch"
+    );
     for u in 0..60 {
-        let r = reserve(&mut c2, a, s, &format!("after{u}"), "r").await.unwrap();
-        assert!(!rids.contains(&r.reservation_id), "a promised id was handed out again");
+        let r = reserve(&mut c2, a, s, &format!("after{u}"), "r")
+            .await
+            .unwrap();
+        assert!(
+            !rids.contains(&r.reservation_id),
+            "a promised id was handed out again"
+        );
     }
     let st = stock_status(&mut c2, a, s).await.unwrap();
-    assert_eq!(st.remaining, 0, "50 − 12 orders sold to the newcomers: {st:?}");
+    assert_eq!(
+        st.remaining, 0,
+        "50 − 12 orders sold to the newcomers: {st:?}"
+    );
 }
 
 #[tokio::test]
@@ -196,7 +224,9 @@ async fn a_master_that_comes_back_empty_has_its_lost_reservations_counted_and_re
     let act = create_published_activity(&h, &[(100, 100)], shards, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let c = h.stock_client().await;
-    let calls = (0..40).map(|u| (format!("e{u}"), "r".to_string())).collect();
+    let calls = (0..40)
+        .map(|u| (format!("e{u}"), "r".to_string()))
+        .collect();
     let won = crowd(&c, a, s, calls).await;
     assert_eq!(won.len(), 40);
     // orderd has written the first 15 as orders; the rest wait in the streams.
@@ -221,7 +251,10 @@ async fn a_master_that_comes_back_empty_has_its_lost_reservations_counted_and_re
     // scripts find no fence there and stockd answers UNAVAILABLE.
     until_available(&c, a, s).await;
     assert_eq!(
-        h.metrics.lost_reservations.with_label_values(&["fence_missing"]).get(),
+        h.metrics
+            .lost_reservations
+            .with_label_values(&["fence_missing"])
+            .get(),
         expected_lost,
         "every reservation the node took with it that MySQL did not have"
     );

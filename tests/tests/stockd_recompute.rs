@@ -14,8 +14,7 @@ use seckill_lua::keys;
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{
-    create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd,
-    stock_status,
+    create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd, stock_status,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
