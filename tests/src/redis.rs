@@ -77,7 +77,11 @@ impl ClusterSpec {
     }
 
     /// `masters` masters with `replicas_per_master` replicas each, node timeout 1000 ms.
-    pub fn replicated(masters: usize, replicas_per_master: usize, persistence: Persistence) -> Self {
+    pub fn replicated(
+        masters: usize,
+        replicas_per_master: usize,
+        persistence: Persistence,
+    ) -> Self {
         Self {
             replicas_per_master,
             persistence,
@@ -186,10 +190,7 @@ impl RedisCluster {
 
     fn try_start(spec: ClusterSpec) -> Self {
         assert!((1..=16).contains(&spec.masters), "masters: 1..=16");
-        assert!(
-            spec.replicas_per_master <= 4,
-            "replicas_per_master: 0..=4"
-        );
+        assert!(spec.replicas_per_master <= 4, "replicas_per_master: 0..=4");
         let dir = tempfile::Builder::new()
             .prefix("seckill-redis-cluster-")
             .tempdir()
@@ -409,12 +410,16 @@ impl RedisCluster {
     /// node but `old_master` agrees on it, and reports `cluster_state:ok`; returns the
     /// new master's port. Panics naming the state it saw when `timeout` passes first.
     pub fn wait_for_failover(&self, old_master: u16, timeout: Duration) -> u16 {
-        let slots = self.slots_at_kill.get(&old_master).cloned().unwrap_or_else(|| {
-            self.view_from_any(&[old_master])
-                .and_then(|v| v.into_iter().find(|n| n.port == old_master))
-                .map(|n| n.slots)
-                .unwrap_or_default()
-        });
+        let slots = self
+            .slots_at_kill
+            .get(&old_master)
+            .cloned()
+            .unwrap_or_else(|| {
+                self.view_from_any(&[old_master])
+                    .and_then(|v| v.into_iter().find(|n| n.port == old_master))
+                    .map(|n| n.slots)
+                    .unwrap_or_default()
+            });
         assert!(
             !slots.is_empty(),
             "wait_for_failover: {old_master} serves no slots and was not killed as a master"
@@ -544,8 +549,7 @@ impl RedisCluster {
             let view = parse_nodes(
                 &try_cli(p, &["CLUSTER", "NODES"]).ok_or(format!("{p} does not answer"))?,
             );
-            let by_id: HashMap<&str, u16> =
-                view.iter().map(|n| (n.id.as_str(), n.port)).collect();
+            let by_id: HashMap<&str, u16> = view.iter().map(|n| (n.id.as_str(), n.port)).collect();
             for &q in &live {
                 match view.iter().find(|n| n.port == q) {
                     Some(n) if !n.failing => {}
@@ -555,10 +559,7 @@ impl RedisCluster {
             let canonical: BTreeMap<_, _> = view
                 .iter()
                 .map(|n| {
-                    let master = n
-                        .master_id
-                        .as_deref()
-                        .and_then(|id| by_id.get(id).copied());
+                    let master = n.master_id.as_deref().and_then(|id| by_id.get(id).copied());
                     (n.port, (n.master, master, n.slots.clone()))
                 })
                 .collect();
@@ -568,8 +569,8 @@ impl RedisCluster {
                 Some(_) => return Err(format!("{p} sees other roles or slots")),
             }
             if view.iter().any(|n| n.port == p && !n.master) {
-                let repl = try_cli(p, &["INFO", "replication"])
-                    .ok_or(format!("{p} does not answer"))?;
+                let repl =
+                    try_cli(p, &["INFO", "replication"]).ok_or(format!("{p} does not answer"))?;
                 if !repl.contains("master_link_status:up") {
                     return Err(format!("replica {p}: link to its master not up"));
                 }
@@ -798,7 +799,14 @@ const POLL_TIME_LIMIT: &str = "2";
 
 fn redis_cli(limit: &str, port: u16) -> Command {
     let mut cmd = Command::new("timeout");
-    cmd.args([limit, "redis-cli", "-h", "127.0.0.1", "-p", &port.to_string()]);
+    cmd.args([
+        limit,
+        "redis-cli",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+    ]);
     cmd
 }
 

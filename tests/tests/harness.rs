@@ -66,7 +66,12 @@ fn set_and_wait(cluster: &RedisCluster, port: u16, key: &str, value: &str, wait_
     let out = child.wait_with_output().unwrap();
     let out = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = out.lines();
-    assert_eq!(lines.next(), Some("OK"), "SET on {port} ({:?}): {out}", cluster.dir());
+    assert_eq!(
+        lines.next(),
+        Some("OK"),
+        "SET on {port} ({:?}): {out}",
+        cluster.dir()
+    );
     lines.next().unwrap_or_default().to_string()
 }
 
@@ -96,13 +101,26 @@ fn a_replicated_cluster_starts_with_one_synced_replica_per_master_that_sees_its_
         let key = seckill_lua::keys::stock(a, 0, 1);
         let master = cluster.master_of_key(&key);
         let replica = cluster.replicas_of(master)[0];
-        assert_eq!(set_and_wait(&cluster, master, &key, &a.to_string(), 5000), "1");
-        assert_eq!(cluster.get_on(replica, &key), Some(a.to_string()), "{key} on {replica}");
+        assert_eq!(
+            set_and_wait(&cluster, master, &key, &a.to_string(), 5000),
+            "1"
+        );
+        assert_eq!(
+            cluster.get_on(replica, &key),
+            Some(a.to_string()),
+            "{key} on {replica}"
+        );
     }
     let dbsize = |ports: &[u16]| -> i64 {
         ports
             .iter()
-            .map(|&p| cluster.cli_at(p, &["DBSIZE"]).trim().parse::<i64>().unwrap())
+            .map(|&p| {
+                cluster
+                    .cli_at(p, &["DBSIZE"])
+                    .trim()
+                    .parse::<i64>()
+                    .unwrap()
+            })
             .sum()
     };
     assert_eq!(dbsize(&replicas), 12, "each key on exactly one replica");
@@ -132,7 +150,11 @@ async fn a_killed_master_is_replaced_by_its_replica_and_comes_back_as_its_replic
     assert_eq!(v, 42);
 
     cluster.restart(old);
-    assert_eq!(cluster.master_of(old), new, "the old master follows its replica");
+    assert_eq!(
+        cluster.master_of(old),
+        new,
+        "the old master follows its replica"
+    );
     assert_eq!(cluster.replicas_of(new), vec![old]);
     assert_eq!(cluster.get_on(old, &key), Some("42".into()));
     client.quit().await.unwrap();
@@ -148,12 +170,14 @@ fn a_stalled_replica_acknowledges_nothing_until_it_resumes_then_catches_up() {
     // The stall has begun when stall() returns: this write is not acknowledged.
     assert_eq!(set_and_wait(&cluster, master, &key, "v1", 300), "0");
     stall.join();
-    seckill_tests::process::wait_until(
-        "the replica to catch up",
-        Duration::from_secs(20),
-        || cluster.get_on(replica, &key).as_deref() == Some("v1"),
+    seckill_tests::process::wait_until("the replica to catch up", Duration::from_secs(20), || {
+        cluster.get_on(replica, &key).as_deref() == Some("v1")
+    });
+    assert_eq!(
+        cluster.master_of(replica),
+        master,
+        "a short stall is no failover"
     );
-    assert_eq!(cluster.master_of(replica), master, "a short stall is no failover");
 }
 
 #[test]
@@ -163,12 +187,19 @@ fn min_replicas_to_write_makes_a_master_refuse_writes_while_its_replica_lags() {
     let key = seckill_lua::keys::stock(5, 2, 3);
     let master = cluster.master_of_key(&key);
     let replica = cluster.replicas_of(master)[0];
-    assert_eq!(cluster.cli_at(master, &["SET", &key, "before"]).trim(), "OK");
+    assert_eq!(
+        cluster.cli_at(master, &["SET", &key, "before"]).trim(),
+        "OK"
+    );
     let stall = cluster.stall(replica, 6000);
     seckill_tests::process::wait_until(
         "the master to refuse a write",
         Duration::from_secs(5),
-        || cluster.cli_at(master, &["SET", &key, "during"]).contains("NOREPLICAS"),
+        || {
+            cluster
+                .cli_at(master, &["SET", &key, "during"])
+                .contains("NOREPLICAS")
+        },
     );
     stall.join();
     seckill_tests::process::wait_until(
