@@ -125,9 +125,9 @@ pub struct RedisCluster {
     spec: ClusterSpec,
     /// Ports stopped by [`RedisCluster::stall`] right now: not asked anything.
     stalled: Arc<Mutex<HashSet<u16>>>,
-    /// Slot ranges each killed master served when it was killed, for
+    /// Slot ranges each master served when it was last killed or stalled, for
     /// [`RedisCluster::wait_for_failover`].
-    slots_at_kill: HashMap<u16, Vec<(u16, u16)>>,
+    slots_at_fault: Mutex<HashMap<u16, Vec<(u16, u16)>>>,
 }
 
 /// One line of `CLUSTER NODES`, as one node sees it.
@@ -202,7 +202,7 @@ impl RedisCluster {
             nodes: Vec::new(),
             spec,
             stalled: Arc::default(),
-            slots_at_kill: HashMap::new(),
+            slots_at_fault: Mutex::default(),
         };
         for _ in 0..total {
             let port = free_port(Some(10_000));
@@ -342,14 +342,7 @@ impl RedisCluster {
         if self.nodes[i].child.is_none() {
             return;
         }
-        if let Some(me) = self
-            .view_from_any(&[])
-            .and_then(|v| v.into_iter().find(|n| n.port == port))
-        {
-            if me.master && !me.slots.is_empty() {
-                self.slots_at_kill.insert(port, me.slots);
-            }
-        }
+        self.remember_slots(port);
         if let Some(mut c) = self.nodes[i].child.take() {
             c.kill();
         }
@@ -364,11 +357,8 @@ impl RedisCluster {
     /// replica's replica; one whose slots did not move serves them again (empty without
     /// persistence).
     pub fn restart(&mut self, port: u16) {
-        let i = self.index(port);
-        if let Some(mut c) = self.nodes[i].child.take() {
-            c.kill();
-        }
-        self.start_node(i);
+        self.kill(port);
+        self.start_node(self.index(port));
         self.wait_settled(Duration::from_secs(30));
     }
 
@@ -391,6 +381,7 @@ impl RedisCluster {
             .as_ref()
             .and_then(ChildGuard::id)
             .unwrap_or_else(|| panic!("stall: node {port} is not running"));
+        self.remember_slots(port);
         self.stalled.lock().expect("stalled set").insert(port);
         signal(pid, "STOP");
         let stalled = Arc::clone(&self.stalled);
@@ -406,20 +397,23 @@ impl RedisCluster {
     }
 
     /// Waits until another node serves every slot `old_master` served (the slots it held
-    /// when [`RedisCluster::kill`] killed it, else the ones it holds now), every live
+    /// when [`RedisCluster::kill`] or [`RedisCluster::stall`] last hit it, else the ones
+    /// it holds now), every live
     /// node but `old_master` agrees on it, and reports `cluster_state:ok`; returns the
     /// new master's port. Panics naming the state it saw when `timeout` passes first.
     pub fn wait_for_failover(&self, old_master: u16, timeout: Duration) -> u16 {
-        let slots = self
-            .slots_at_kill
+        let remembered = self
+            .slots_at_fault
+            .lock()
+            .expect("slots")
             .get(&old_master)
-            .cloned()
-            .unwrap_or_else(|| {
-                self.view_from_any(&[old_master])
-                    .and_then(|v| v.into_iter().find(|n| n.port == old_master))
-                    .map(|n| n.slots)
-                    .unwrap_or_default()
-            });
+            .cloned();
+        let slots = remembered.unwrap_or_else(|| {
+            self.view_from_any(&[old_master])
+                .and_then(|v| v.into_iter().find(|n| n.port == old_master))
+                .map(|n| n.slots)
+                .unwrap_or_default()
+        });
         assert!(
             !slots.is_empty(),
             "wait_for_failover: {old_master} serves no slots and was not killed as a master"
@@ -455,6 +449,21 @@ impl RedisCluster {
                 "no failover of {old_master} (slots {slots:?}) within {timeout:?}; last seen {last}"
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Records the slots `port` serves now, when it is a master, as a live node sees it.
+    fn remember_slots(&self, port: u16) {
+        if let Some(me) = self
+            .view_from_any(&[])
+            .and_then(|v| v.into_iter().find(|n| n.port == port))
+        {
+            if me.master && !me.slots.is_empty() {
+                self.slots_at_fault
+                    .lock()
+                    .expect("slots")
+                    .insert(port, me.slots);
+            }
         }
     }
 

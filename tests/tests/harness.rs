@@ -181,6 +181,26 @@ fn a_stalled_replica_acknowledges_nothing_until_it_resumes_then_catches_up() {
 }
 
 #[test]
+fn a_master_stalled_past_the_node_timeout_is_failed_over_and_rejoins_as_a_replica() {
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let key = seckill_lua::keys::stock(4, 6, 1);
+    let old = cluster.master_of_key(&key);
+    let replica = cluster.replicas_of(old)[0];
+    assert_eq!(set_and_wait(&cluster, old, &key, "kept", 5000), "1");
+    let stall = cluster.stall(old, 6000);
+    let new = cluster.wait_for_failover(old, Duration::from_secs(30));
+    assert_eq!(new, replica);
+    stall.join();
+    cluster.wait_settled(Duration::from_secs(30));
+    assert_eq!(
+        cluster.master_of(old),
+        new,
+        "the resumed master follows its replica"
+    );
+    assert_eq!(cluster.get_on(old, &key), Some("kept".into()));
+}
+
+#[test]
 fn min_replicas_to_write_makes_a_master_refuse_writes_while_its_replica_lags() {
     let spec = ClusterSpec::replicated(3, 1, Persistence::None).min_replicas(1, 1);
     let cluster = RedisCluster::start_spec(spec);
