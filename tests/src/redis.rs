@@ -130,6 +130,15 @@ pub struct RedisCluster {
     slots_at_fault: Mutex<HashMap<u16, Vec<(u16, u16)>>>,
 }
 
+/// A node's place in one view of the cluster: master or not, the port of its master,
+/// the slots it serves. Two live nodes agree when their views map every port alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Role {
+    master: bool,
+    follows: Option<u16>,
+    slots: Vec<(u16, u16)>,
+}
+
 /// One line of `CLUSTER NODES`, as one node sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct NodeLine {
@@ -546,7 +555,7 @@ impl RedisCluster {
 
     fn settled(&self, total: usize) -> Result<(), String> {
         let live = self.live_ports();
-        let mut agreed: Option<BTreeMap<u16, (bool, Option<u16>, Vec<(u16, u16)>)>> = None;
+        let mut agreed: Option<BTreeMap<u16, Role>> = None;
         for &p in &live {
             let info = try_cli(p, &["CLUSTER", "INFO"]).ok_or(format!("{p} does not answer"))?;
             if !info.contains("cluster_state:ok")
@@ -569,7 +578,12 @@ impl RedisCluster {
                 .iter()
                 .map(|n| {
                     let master = n.master_id.as_deref().and_then(|id| by_id.get(id).copied());
-                    (n.port, (n.master, master, n.slots.clone()))
+                    let role = Role {
+                        master: n.master,
+                        follows: master,
+                        slots: n.slots.clone(),
+                    };
+                    (n.port, role)
                 })
                 .collect();
             match &agreed {
