@@ -184,14 +184,17 @@ fleet_config() { # DAEMON K: prints the config path of instance K, writing it wh
     echo "$f"
 }
 
+config_sig() { echo "$1 $(cksum <"$1")"; } # FILE: its path and checksum
 daemon_up() { # daemon K health-path [flags...]
-    local d=$1 k=$2 path=$3 name conf url p holder; shift 3
+    local d=$1 k=$2 path=$3 name conf sig url p holder; shift 3
     name=$(fleet_name "$d" "$k")
     conf=$(fleet_config "$d" "$k")
     url="http://127.0.0.1:$(fleet_admin_port "$d" "$k")$path"
-    # Running, healthy and on the same config file: nothing to do (a stack started before
-    # pids/NAME.conf existed ran the shipped file).
-    if pid_alive "$name" && [ "$(cat "$STATE/pids/$name.conf" 2>/dev/null || echo "$ROOT/deploy/local/$d.toml")" = "$conf" ] \
+    # Running, healthy and on the same config (file and content): nothing to do. A stack
+    # started before pids/NAME.conf existed ran the shipped file.
+    sig=$(config_sig "$conf")
+    if pid_alive "$name" \
+        && [ "$(cat "$STATE/pids/$name.conf" 2>/dev/null || config_sig "$ROOT/deploy/local/$d.toml")" = "$sig" ] \
         && curl -fsS "$url" >/dev/null 2>&1; then return 0; fi
     stop_pid "$name"
     for p in "$(fleet_port "$d" "$k")" "$(fleet_admin_port "$d" "$k")"; do
@@ -202,7 +205,7 @@ daemon_up() { # daemon K health-path [flags...]
         wait_port_free "$p" 90 || die "$name cannot start: 127.0.0.1:$p is held by a connection that does not close"
     done
     start_bg "$name" "$BIN/$d" -c "$conf" "$@"
-    echo "$conf" >"$STATE/pids/$name.conf"
+    echo "$sig" >"$STATE/pids/$name.conf"
     wait_for "$name" 60 curl -fsS "$url" || { tail -n 20 "$STATE/logs/$name.log" >&2; die "$name did not become healthy"; }
 }
 # Instances beyond --fleet (from an earlier, larger run) stop first, the edge before the back.
