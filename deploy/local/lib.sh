@@ -77,7 +77,7 @@ stop_pid() {
             kill -KILL "$pid" 2>/dev/null || true
         fi
     fi
-    rm -f "$f"
+    rm -f "$f" "$STATE/pids/$1.conf"
 }
 
 # start_bg NAME COMMAND...: starts COMMAND detached, logging to $STATE/logs/NAME.log.
@@ -100,9 +100,51 @@ build_bins() {
     (cd "$ROOT" && cargo build $flag --bins -p stockd -p orderd -p gateway -p seckill-tests) || die "cargo build failed"
 }
 
-REDIS_PORTS=(7001 7002 7003)
+# The local Redis Cluster: three masters (7001-7003, slots split in thirds) and, by default,
+# one replica each: 7004 follows 7001, 7005 follows 7002, 7006 follows 7003 (a failover swaps
+# the roles; the ports stay). SECKILL_REDIS_REPLICAS=0 (or up.sh --replicas 0) runs the masters
+# only. SECKILL_REDIS_NODE_TIMEOUT_MS is cluster-node-timeout (ms, default 5000): how long a
+# master may not answer before its replica takes over (about that plus 1-2 s).
+REDIS_MASTER_PORTS=(7001 7002 7003)
+REDIS_REPLICA_PORTS=(7004 7005 7006)
+REDIS_PORTS=("${REDIS_MASTER_PORTS[@]}" "${REDIS_REPLICA_PORTS[@]}")
+REDIS_REPLICAS=${SECKILL_REDIS_REPLICAS:-1}
+REDIS_NODE_TIMEOUT_MS=${SECKILL_REDIS_NODE_TIMEOUT_MS:-5000}
 # The daemons' ports as the shipped configs in deploy/local/ set them: gRPC and metrics.
 DAEMON_PORTS=(50051 9092 50052 9093 8080 9091)
+
+# The fleet (up.sh --fleet N): instance 1 of each daemon is the one above, on the shipped
+# config's ports; instance K >= 2 gets consecutive ports of its own range:
+#   stockd  gRPC 50100+K (50102, 50103, ...)  admin 9200+K
+#   orderd  gRPC 50200+K (50202, 50203, ...)  admin 9300+K
+#   gateway HTTP 8079+K  (8081, 8082, ...)    admin 9100+K
+FLEET_MAX=20
+# fleet_port DAEMON K: the gRPC (HTTP for the gateway) port of instance K.
+fleet_port() {
+    case "$1:$2" in
+        stockd:1) echo 50051 ;; orderd:1) echo 50052 ;;
+        stockd:*) echo $((50100 + $2)) ;; orderd:*) echo $((50200 + $2)) ;;
+        gateway:*) echo $((8079 + $2)) ;;
+    esac
+}
+# fleet_admin_port DAEMON K: the admin (metrics, health) port of instance K.
+fleet_admin_port() {
+    case "$1:$2" in
+        gateway:1) echo 9091 ;; stockd:1) echo 9092 ;; orderd:1) echo 9093 ;;
+        gateway:*) echo $((9100 + $2)) ;; stockd:*) echo $((9200 + $2)) ;; orderd:*) echo $((9300 + $2)) ;;
+    esac
+}
+# fleet_name DAEMON K: the name of instance K in state/pids and state/logs (stockd, stockd-2, ...).
+fleet_name() { if [ "$2" = 1 ]; then echo "$1"; else echo "$1-$2"; fi; }
+# fleet_running DAEMON: the instance numbers with a pid file, one a line.
+fleet_running() {
+    local f n
+    for f in "$STATE/pids/$1.pid" "$STATE/pids/$1"-*.pid; do
+        [ -f "$f" ] || continue
+        n=$(basename "$f" .pid); n=${n#"$1"}; n=${n#-}
+        echo "${n:-1}"
+    done
+}
 
 # port_holder PORT: "name(pid)" of the process listening on 127.0.0.1:PORT, empty when none.
 port_holder() {

@@ -3,7 +3,9 @@
 //!
 //! Layout:
 //! - [`process`]: child processes that die with their handle, free ports, readiness waits.
-//! - [`redis`]: [`RedisCluster`] (3 masters by default, about a second to start) and
+//! - [`redis`]: [`RedisCluster`] (3 masters by default, about a second to start; with
+//!   replicas, `RedisCluster::start_replicated`, about 2-3 s, and the failover tools:
+//!   kill, restart, stall, wait_for_failover, who serves a key) and
 //!   [`RedisServer`] (standalone).
 //! - [`mysql`]: [`MariaDb`] (a `mariadbd` of the test's own) and [`TestDb`] (a fresh
 //!   migrated database, inside the suite's server or one of its own).

@@ -2,6 +2,7 @@
 
 use seckill_tests::mysql::mariadb_client;
 use seckill_tests::process::port_open;
+use seckill_tests::redis::{ClusterSpec, Persistence};
 use seckill_tests::{MariaDb, RedisCluster, TestDb};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,187 @@ async fn a_three_master_cluster_comes_up_serves_every_slot_and_goes_away() {
     for p in ports {
         assert!(!port_open(p), "node on {p} still running after drop");
     }
+}
+
+/// `SET key value` then `WAIT 1 wait_ms` on one connection to `port` (WAIT counts the
+/// replicas that acknowledged this connection's writes): the number that did.
+fn set_and_wait(cluster: &RedisCluster, port: u16, key: &str, value: &str, wait_ms: u64) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    write!(
+        child.stdin.take().unwrap(),
+        "SET {key} {value}\nWAIT 1 {wait_ms}\n"
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("OK"),
+        "SET on {port} ({:?}): {out}",
+        cluster.dir()
+    );
+    lines.next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_replicated_cluster_starts_with_one_synced_replica_per_master_that_sees_its_writes() {
+    let started = Instant::now();
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    eprintln!("3 masters + 3 replicas ready in {:?}", started.elapsed());
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    assert_eq!(cluster.nodes().len(), 6, "the seed list names every node");
+    let mut replicas = Vec::new();
+    for &m in &masters {
+        let r = cluster.replicas_of(m);
+        assert_eq!(r.len(), 1, "replicas of {m}: {r:?}");
+        assert_eq!(cluster.master_of(r[0]), m);
+        let info = cluster.cli_at(m, &["CONFIG", "GET", "appendonly"]);
+        assert!(info.contains("yes"), "AOF on {m}: {info}");
+        replicas.extend(r);
+    }
+    replicas.sort_unstable();
+    replicas.dedup();
+    assert_eq!(replicas.len(), 3, "each replica follows one master");
+    // Keys of many hash tags: each is written on its master and shows up on that
+    // master's replica (and only there).
+    for a in 0..12u64 {
+        let key = seckill_lua::keys::stock(a, 0, 1);
+        let master = cluster.master_of_key(&key);
+        let replica = cluster.replicas_of(master)[0];
+        assert_eq!(
+            set_and_wait(&cluster, master, &key, &a.to_string(), 5000),
+            "1"
+        );
+        assert_eq!(
+            cluster.get_on(replica, &key),
+            Some(a.to_string()),
+            "{key} on {replica}"
+        );
+    }
+    let dbsize = |ports: &[u16]| -> i64 {
+        ports
+            .iter()
+            .map(|&p| {
+                cluster
+                    .cli_at(p, &["DBSIZE"])
+                    .trim()
+                    .parse::<i64>()
+                    .unwrap()
+            })
+            .sum()
+    };
+    assert_eq!(dbsize(&replicas), 12, "each key on exactly one replica");
+    assert_eq!(dbsize(&masters), 12);
+}
+
+#[tokio::test]
+async fn a_killed_master_is_replaced_by_its_replica_and_comes_back_as_its_replica() {
+    use fred::prelude::*;
+    let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    let key = seckill_lua::keys::stock(7, 3, 1);
+    let old = cluster.master_of_key(&key);
+    let replica = cluster.replicas_of(old)[0];
+    assert_eq!(set_and_wait(&cluster, old, &key, "41", 5000), "1");
+
+    cluster.kill(old);
+    assert!(!port_open(old));
+    let started = Instant::now();
+    let new = cluster.wait_for_failover(old, Duration::from_secs(30));
+    eprintln!("failover in {:?}", started.elapsed());
+    assert_eq!(new, replica, "the old master's replica took over");
+    assert_eq!(cluster.master_of_key(&key), new);
+    assert!(cluster.masters().contains(&new) && !cluster.masters().contains(&old));
+    // The acknowledged write survived, and a cluster client finds the new master.
+    let client = cluster.client().await;
+    let v: i64 = client.incr(&key).await.unwrap();
+    assert_eq!(v, 42);
+
+    cluster.restart(old);
+    assert_eq!(
+        cluster.master_of(old),
+        new,
+        "the old master follows its replica"
+    );
+    assert_eq!(cluster.replicas_of(new), vec![old]);
+    assert_eq!(cluster.get_on(old, &key), Some("42".into()));
+    client.quit().await.unwrap();
+}
+
+#[test]
+fn a_stalled_replica_acknowledges_nothing_until_it_resumes_then_catches_up() {
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let key = seckill_lua::keys::stock(9, 1, 2);
+    let master = cluster.master_of_key(&key);
+    let replica = cluster.replicas_of(master)[0];
+    let stall = cluster.stall(replica, 800);
+    // The stall has begun when stall() returns: this write is not acknowledged.
+    assert_eq!(set_and_wait(&cluster, master, &key, "v1", 300), "0");
+    stall.join();
+    seckill_tests::process::wait_until("the replica to catch up", Duration::from_secs(20), || {
+        cluster.get_on(replica, &key).as_deref() == Some("v1")
+    });
+    assert_eq!(
+        cluster.master_of(replica),
+        master,
+        "a short stall is no failover"
+    );
+}
+
+#[test]
+fn a_master_stalled_past_the_node_timeout_is_failed_over_and_rejoins_as_a_replica() {
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let key = seckill_lua::keys::stock(4, 6, 1);
+    let old = cluster.master_of_key(&key);
+    let replica = cluster.replicas_of(old)[0];
+    assert_eq!(set_and_wait(&cluster, old, &key, "kept", 5000), "1");
+    let stall = cluster.stall(old, 6000);
+    let new = cluster.wait_for_failover(old, Duration::from_secs(30));
+    assert_eq!(new, replica);
+    stall.join();
+    cluster.wait_settled(Duration::from_secs(30));
+    assert_eq!(
+        cluster.master_of(old),
+        new,
+        "the resumed master follows its replica"
+    );
+    assert_eq!(cluster.get_on(old, &key), Some("kept".into()));
+}
+
+#[test]
+fn min_replicas_to_write_makes_a_master_refuse_writes_while_its_replica_lags() {
+    let spec = ClusterSpec::replicated(3, 1, Persistence::None).min_replicas(1, 1);
+    let cluster = RedisCluster::start_spec(spec);
+    let key = seckill_lua::keys::stock(5, 2, 3);
+    let master = cluster.master_of_key(&key);
+    let replica = cluster.replicas_of(master)[0];
+    assert_eq!(
+        cluster.cli_at(master, &["SET", &key, "before"]).trim(),
+        "OK"
+    );
+    let stall = cluster.stall(replica, 6000);
+    seckill_tests::process::wait_until(
+        "the master to refuse a write",
+        Duration::from_secs(5),
+        || {
+            cluster
+                .cli_at(master, &["SET", &key, "during"])
+                .contains("NOREPLICAS")
+        },
+    );
+    stall.join();
+    seckill_tests::process::wait_until(
+        "the master to take writes again",
+        Duration::from_secs(20),
+        || cluster.cli_at(master, &["SET", &key, "after"]).trim() == "OK",
+    );
 }
 
 #[tokio::test]
