@@ -653,6 +653,7 @@ mod tests {
             epoch: e.into(),
             seq: 3,
             promised: 3,
+            reported: false,
         };
         // Closed before the lease, open under a new epoch after it: a peer rebuilt.
         let before = [mark(None), mark(Some("abc"))];

@@ -26,6 +26,11 @@ pub struct HighWater {
     /// The highest of those answered RESERVED (a replica held it, or no replica was
     /// asked for): the others were answered UNAVAILABLE, promised to nobody.
     pub promised: u64,
+    /// Redis was found behind this mark and it was reported. The mark stays until a
+    /// rebuild opens a newer epoch, so every call meanwhile is refused BEHIND too:
+    /// clearing it would let the next call reserve on the rewound shard and hand a
+    /// lost reservation's id out again.
+    pub reported: bool,
 }
 
 /// A sequence gap: reservations handed out and gone from Redis.
@@ -52,18 +57,18 @@ impl ShardState {
 
     /// Redis showed `found` as the shard's sequence, read after `seen` was taken from
     /// this mark. When the mark still holds `seen`'s epoch and `seen` is above `found`,
-    /// Redis lost writes: clears the mark and returns the size of the gap, so the gap is
-    /// reported once. (Comparing with a mark taken *before* the read matters: the mark
+    /// Redis lost writes: returns the size of the gap the first time only (the mark
+    /// stays, so later calls are refused too; see [`HighWater::reported`]). (Comparing with a mark taken *before* the read matters: the mark
     /// moves on with every reservation, and one taken after the read would be ahead of
     /// a healthy Redis.)
     pub fn take_behind(&self, seen: &HighWater, found: u64) -> Option<Gap> {
         let mut hw = self.lock_high_water();
-        if hw.epoch == seen.epoch && seen.seq > found {
+        if hw.epoch == seen.epoch && seen.seq > found && !hw.reported {
             let gap = Gap {
                 lost: hw.seq.max(seen.seq) - found,
                 promised: hw.promised.max(seen.promised).saturating_sub(found),
             };
-            *hw = HighWater::default();
+            hw.reported = true;
             return Some(gap);
         }
         None
@@ -205,7 +210,8 @@ mod tests {
             HighWater {
                 epoch: "abd".into(),
                 seq: 2,
-                promised: 0
+                promised: 0,
+                reported: false,
             }
         );
         s.saw("abc", 9, true);

@@ -1,0 +1,312 @@
+#![cfg(all(feature = "stockd", feature = "orderd"))]
+//! A real failover under load: a Redis Cluster of 3 masters with a replica each; the
+//! replica of the master that owns the most shards stalls and loses its link, that
+//! master is killed -9 while its replica lags, the cluster promotes the replica by itself, the old master
+//! comes back as a replica, and orderd drains. With `redis.replica_acks = 1` every
+//! reservation answered RESERVED has exactly one order; with 0 the same scenario loses
+//! reservations that were answered RESERVED (the check can fail), and stockd counts them.
+//!
+//! Each run prints a line `failover report (replica_acks=N): ...` with the time from the
+//! kill to the next RESERVED on the failed master's shards and the UNAVAILABLE count.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use seckill_lua::{keys, ReservationId};
+use seckill_proto::pb::ReserveOutcome;
+use seckill_tests::orderd::{count_all_orders, spawn_orderd};
+use seckill_tests::redis::Persistence;
+use seckill_tests::stockd::{
+    create_published_activity, reserve, spawn_stockd, stock_status, StockClient,
+};
+use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const STOCK: i64 = 400;
+const SHARDS: u32 = 8;
+const BUYERS: usize = 1000;
+
+/// What the crowd was told and what happened around the failover.
+#[derive(Default)]
+struct Seen {
+    /// user → reservation id, for every RESERVED answer.
+    reserved: HashMap<String, String>,
+    /// Users with a final answer (RESERVED, DUPLICATE, SOLD_OUT).
+    done: HashSet<String>,
+    unavailable: u64,
+    /// RESERVED answers on the failed master's shards after the kill, ms after it.
+    after_kill_ms: Vec<u128>,
+}
+
+struct Outcome {
+    seen: Seen,
+    /// Reservation ids answered RESERVED that are no order in MySQL after the drain.
+    lost_202s: Vec<String>,
+    /// stockd's count of promised reservations Redis lost.
+    lost_metric: u64,
+    active_orders: i64,
+    remaining: i64,
+}
+
+/// One pass of buyers `users`: each sends Reserve with request id "r" (a retry is the
+/// same request), 32 at a time; a final answer marks the user done.
+async fn buy(
+    c: &StockClient,
+    a: u64,
+    s: u64,
+    users: Vec<String>,
+    seen: &Arc<Mutex<Seen>>,
+    failed_shards: &HashSet<u32>,
+    killed_at: &Arc<Mutex<Option<Instant>>>,
+) {
+    futures::stream::iter(users)
+        .for_each_concurrent(32, |user| {
+            let mut c = c.clone();
+            let seen = seen.clone();
+            let killed_at = killed_at.clone();
+            async move {
+                let r =
+                    tokio::time::timeout(Duration::from_secs(5), reserve(&mut c, a, s, &user, "r"))
+                        .await;
+                let mut seen = seen.lock().unwrap();
+                match r {
+                    Ok(Ok(r)) => {
+                        if r.outcome() == ReserveOutcome::Reserved {
+                            let shard = r.reservation_id.parse::<ReservationId>().unwrap().shard;
+                            if let Some(k) = *killed_at.lock().unwrap() {
+                                if failed_shards.contains(&shard) {
+                                    seen.after_kill_ms.push(k.elapsed().as_millis());
+                                }
+                            }
+                            let old = seen.reserved.insert(user.clone(), r.reservation_id.clone());
+                            assert!(
+                                old.is_none() || old.as_ref() == Some(&r.reservation_id),
+                                "{user}: RESERVED twice with different ids: {old:?} then {}",
+                                r.reservation_id
+                            );
+                        }
+                        seen.done.insert(user);
+                    }
+                    Ok(Err(e)) => {
+                        assert_eq!(e.code(), tonic::Code::Unavailable, "{user}: {e:?}");
+                        seen.unavailable += 1;
+                    }
+                    Err(_) => seen.unavailable += 1,
+                }
+            }
+        })
+        .await;
+}
+
+async fn failover_under_load(replica_acks: u32) -> Outcome {
+    init_tracing();
+    let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.replica_acks = replica_acks;
+        c.redis.replica_ack_timeout_ms = 100;
+        c.redis.timeout_ms = 1000;
+    })
+    .await;
+    let act =
+        create_published_activity(&h, &[(STOCK as u32, 100)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+
+    // The master that owns the most shards, and its replica.
+    let mut owned: HashMap<u16, Vec<u32>> = HashMap::new();
+    for i in 0..SHARDS {
+        owned
+            .entry(cluster.master_of_key(&keys::fence(a, i)))
+            .or_default()
+            .push(i);
+    }
+    let (&master, shards) = owned.iter().max_by_key(|(_, v)| v.len()).unwrap();
+    let failed_shards: HashSet<u32> = shards.iter().copied().collect();
+    let replica = cluster.replicas_of(master)[0];
+
+    let users: Vec<String> = (0..BUYERS).map(|u| format!("buyer-{u}")).collect();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let killed_at = Arc::new(Mutex::new(None));
+
+    // 1. A healthy start.
+    buy(
+        &c,
+        a,
+        s,
+        users[..100].to_vec(),
+        &seen,
+        &failed_shards,
+        &killed_at,
+    )
+    .await;
+    // 2. The replica stalls; buyers keep coming; its master dies while it lags.
+    let stall = cluster.stall(replica, 2500);
+    // The stopped replica's socket still takes what the master sends (the kernel
+    // buffers it, and the replica reads it when it runs again): cut the link, so what
+    // the master writes from now on reaches no replica before it dies.
+    cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
+    buy(
+        &c,
+        a,
+        s,
+        users[100..200].to_vec(),
+        &seen,
+        &failed_shards,
+        &killed_at,
+    )
+    .await;
+    tokio::task::block_in_place(|| cluster.kill(master));
+    *killed_at.lock().unwrap() = Some(Instant::now());
+    // 3. Everyone else, and everyone without a final answer, until all have one, while
+    //    the cluster promotes the replica and the old master comes back.
+    let crowd = {
+        let (c, seen, failed, killed_at) = (
+            c.clone(),
+            seen.clone(),
+            failed_shards.clone(),
+            killed_at.clone(),
+        );
+        let users = users.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(90);
+            loop {
+                let todo: Vec<String> = {
+                    let seen = seen.lock().unwrap();
+                    users
+                        .iter()
+                        .filter(|u| !seen.done.contains(*u))
+                        .cloned()
+                        .collect()
+                };
+                if todo.is_empty() || Instant::now() > until {
+                    break;
+                }
+                buy(&c, a, s, todo, &seen, &failed, &killed_at).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let promoted =
+        tokio::task::block_in_place(|| cluster.wait_for_failover(master, Duration::from_secs(40)));
+    assert_eq!(promoted, replica, "the lagging replica took over");
+    stall.join();
+    tokio::task::block_in_place(|| cluster.restart(master));
+    crowd.await.unwrap();
+
+    // orderd drains the streams of the surviving masters.
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
+    let (mut last, deadline) = (-1, Instant::now() + Duration::from_secs(60));
+    loop {
+        let n = count_all_orders(&db).await;
+        if n == last && n > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "orderd did not drain: {n} orders"
+        );
+        last = n;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    drop(orderd);
+
+    let seen = Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap();
+    let mut lost_202s = Vec::new();
+    for (user, rid) in &seen.reserved {
+        let owner: Option<(String,)> = sqlx::query_as("SELECT user_id FROM orders WHERE id = ?")
+            .bind(rid)
+            .fetch_optional(db.pool())
+            .await
+            .unwrap();
+        match owner {
+            Some((u,)) => assert_eq!(&u, user, "{rid} is another buyer's order"),
+            None => lost_202s.push(rid.clone()),
+        }
+    }
+    let (active,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM orders WHERE item_id = ? AND status IN ('PENDING', 'PAID')",
+    )
+    .bind(s)
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    let (doubles,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE item_id = ? \
+         AND status IN ('PENDING', 'PAID') GROUP BY user_id HAVING COUNT(*) > 1) d",
+    )
+    .bind(s)
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(doubles, 0, "one active order per user");
+    let remaining = stock_status(&mut c.clone(), a, s)
+        .await
+        .map(|st| st.remaining)
+        .unwrap_or(-1);
+    let first_202 = seen.after_kill_ms.iter().min().copied();
+    eprintln!(
+        "failover report (replica_acks={replica_acks}): kill -> next RESERVED on the failed \
+         master's shards {first_202:?} ms; UNAVAILABLE answers {}; RESERVED {}; lost 202s {}; \
+         orders active {active}; Redis remaining {remaining}; stockd lost (promised) {}, \
+         unconfirmed {}, replica ack timeouts {}",
+        seen.unavailable,
+        seen.reserved.len(),
+        lost_202s.len(),
+        h.metrics.lost_reservations_total(),
+        h.metrics.lost_unconfirmed.get(),
+        h.metrics.replica_ack_timeouts.get(),
+    );
+    Outcome {
+        lost_metric: h.metrics.lost_reservations_total(),
+        seen,
+        lost_202s,
+        active_orders: active,
+        remaining,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_replica_acks_every_reserved_survives_a_failover_to_a_lagging_replica() {
+    let out = failover_under_load(1).await;
+    assert!(
+        out.lost_202s.is_empty(),
+        "answered RESERVED and gone: {:?}",
+        out.lost_202s
+    );
+    assert_eq!(out.lost_metric, 0, "no promised reservation was lost");
+    assert!(
+        out.active_orders <= STOCK,
+        "oversold: {}",
+        out.active_orders
+    );
+    assert_eq!(
+        out.active_orders + out.remaining,
+        STOCK,
+        "every unit is sold or back on sale (no unit vanished, none made up)"
+    );
+    assert_eq!(out.seen.done.len(), BUYERS, "everyone got a final answer");
+    assert_eq!(out.seen.reserved.len() as i64, out.active_orders);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_replica_acks_the_same_failover_loses_reservations_that_were_answered_reserved() {
+    let out = failover_under_load(0).await;
+    assert!(
+        !out.lost_202s.is_empty(),
+        "replica_acks = 0 lost nothing: the scenario did not make the replica lag"
+    );
+    assert!(
+        out.lost_metric >= out.lost_202s.len() as u64,
+        "stockd counted {} of {} lost RESERVED answers",
+        out.lost_metric,
+        out.lost_202s.len()
+    );
+    assert!(
+        out.active_orders <= STOCK,
+        "oversold: {}",
+        out.active_orders
+    );
+}
