@@ -29,10 +29,13 @@ pub struct Reloaded {
     pub needs_restart: Vec<String>,
 }
 
+/// A config loader that also returns the merged table ([`crate::config::load_table`]).
+type Load<C> = Box<dyn Fn(&Path) -> Result<(C, toml::Table), ConfigError> + Send>;
+
 /// Reads the config again on demand and sorts the changes into live and restart-needed.
 pub struct Reloader<C> {
     path: PathBuf,
-    load: Box<dyn Fn(&Path) -> Result<(C, toml::Table), ConfigError> + Send>,
+    load: Load<C>,
     /// Is this dotted field live (applied by [`Reloader::reload`]'s caller or here)?
     live: Box<dyn Fn(&str) -> bool + Send>,
     /// The running config, flattened: the start-up values, with the live fields updated
