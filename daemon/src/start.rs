@@ -99,6 +99,13 @@ where
         }
     };
     let served = rt.block_on(async {
+        // SIGHUP's handler first: from here on a reload never kills the process.
+        let shutdown = Shutdown::on_signals();
+        // Only the log filter changes live; the rest is read once by `run`.
+        let reloader = Reloader::new(path, &table, load, |field| field == LOG_LEVEL);
+        let reload = crate::reload::on_sighup(reloader, shutdown.clone(), |_: C, _| {})
+            .context("install the SIGHUP handler")?;
+        tokio::spawn(reload);
         let ends = endpoints(&config);
         if flags.migrate {
             migrate(ends.mysql_url).await?;
@@ -115,12 +122,6 @@ where
             None => None,
         };
         tracing::info!(grpc = ends.grpc, admin = ?ends.admin, "{name} listening");
-        let shutdown = Shutdown::on_signals();
-        // Only the log filter changes live; the rest is read once by `run`.
-        let reloader = Reloader::new(path, &table, load, |field| field == LOG_LEVEL);
-        let reload = crate::reload::on_sighup(reloader, shutdown.clone(), |_: C, _| {})
-            .context("install the SIGHUP handler")?;
-        tokio::spawn(reload);
         run(config, grpc, admin, shutdown).await
     });
     match served {
