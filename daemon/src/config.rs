@@ -49,9 +49,31 @@ impl AdminSection {
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
-    /// JSON lines instead of text. Default false. Level: `RUST_LOG` (default info).
+    /// JSON lines instead of text. Default false. Needs a restart to change.
     #[serde(default)]
     pub json: bool,
+    /// Which events to log, in `RUST_LOG` syntax: a level (`error`, `warn`, `info`,
+    /// `debug`, `trace`) or directives (`warn,stockd=debug`). Default: unset, which
+    /// means `RUST_LOG` when set, else `info`. Checked on every load (a bad filter is
+    /// refused naming `log.level`); applied live on a reload (SIGHUP).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_log_level"
+    )]
+    pub level: Option<String>,
+}
+
+/// `log.level` is checked while the file is read, so every daemon refuses a bad filter
+/// with the field named, without each `validate()` having to remember it.
+fn deserialize_log_level<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::Deserialize;
+    let level = String::deserialize(d)?;
+    crate::telemetry::parse_filter(&level).map_err(serde::de::Error::custom)?;
+    Ok(Some(level))
 }
 
 /// A problem with one field.
@@ -156,6 +178,24 @@ pub fn load<T: DeserializeOwned + Validate>(
     )
 }
 
+/// [`load`], also returning the file as TOML with the environment overrides applied
+/// (before defaults): what a reload compares field by field with the running config.
+pub fn load_table<T: DeserializeOwned + Validate>(
+    path: &Path,
+    env_prefix: &str,
+) -> Result<(T, toml::Table), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    load_str_table(
+        &text,
+        &path.display().to_string(),
+        env_prefix,
+        std::env::vars(),
+    )
+}
+
 /// Loads from text; `origin` names it in errors. `env` is the environment to read
 /// overrides from (a parameter so tests need not touch the process environment).
 pub fn load_str<T: DeserializeOwned + Validate>(
@@ -164,6 +204,16 @@ pub fn load_str<T: DeserializeOwned + Validate>(
     env_prefix: &str,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<T, ConfigError> {
+    load_str_table(text, origin, env_prefix, env).map(|(value, _)| value)
+}
+
+/// [`load_str`], also returning the merged table ([`load_table`]).
+pub fn load_str_table<T: DeserializeOwned + Validate>(
+    text: &str,
+    origin: &str,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<(T, toml::Table), ConfigError> {
     let path = origin.to_string();
     let mut table: toml::Table =
         text.parse()
@@ -177,25 +227,26 @@ pub fn load_str<T: DeserializeOwned + Validate>(
         field: e.field,
         problem: e.problem,
     })?;
-    let value: T = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-        let field = e.path().to_string();
-        let problem = one_line(&e.inner().to_string());
-        ConfigError::Field {
-            path: path.clone(),
-            field: if field == "." {
-                "(top level)".into()
-            } else {
-                field
-            },
-            problem,
-        }
-    })?;
+    let value: T =
+        serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+            let field = e.path().to_string();
+            let problem = one_line(&e.inner().to_string());
+            ConfigError::Field {
+                path: path.clone(),
+                field: if field == "." {
+                    "(top level)".into()
+                } else {
+                    field
+                },
+                problem,
+            }
+        })?;
     value.validate().map_err(|e| ConfigError::Field {
         path,
         field: e.field,
         problem: e.problem,
     })?;
-    Ok(value)
+    Ok((value, table))
 }
 
 /// Default config path of a daemon when `-c` is not given.
@@ -343,6 +394,25 @@ mod tests {
                 .problem,
             "`b` is not host:port"
         );
+    }
+
+    #[test]
+    fn a_bad_log_level_is_refused_naming_the_field() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct WithLog {
+            #[allow(dead_code)]
+            log: LogSection,
+        }
+        impl Validate for WithLog {
+            fn validate(&self) -> Result<(), FieldError> {
+                Ok(())
+            }
+        }
+        let load = |text: &str| load_str::<WithLog>(text, "x.toml", "APP", Vec::new());
+        load("[log]\nlevel = \"warn,stockd=debug\"\n").unwrap();
+        let e = load("[log]\nlevel = \"inf\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("x.toml: log.level: "), "{e}");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! - [`serve`]: one way for every gRPC daemon to serve `grpc.health.v1` and server
 //!   reflection (v1 and v1alpha, so ghz and grpcurl need no `.proto` files).
 //! - [`shutdown`]: SIGINT/SIGTERM as a cloneable signal for servers and loops.
-//! - [`telemetry`]: tracing set-up (text or JSON lines).
+//! - [`reload`]: SIGHUP: read the config again, apply the live fields, name the rest.
+//! - [`telemetry`]: tracing set-up (text or JSON lines, a filter swappable live).
 //! - [`admin_http`]: the loopback admin port (`/metrics`, `/healthz`).
 //! - [`start`] (feature `db`): the start-up of the gRPC daemons (flags, config, bind),
 //!   and [`migrator`] (feature `db`): the MySQL schema shared by stockd and orderd.
@@ -20,6 +21,7 @@ pub mod admin_http;
 pub mod config;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod reload;
 pub mod serve;
 pub mod shutdown;
 #[cfg(feature = "db")]

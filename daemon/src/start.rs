@@ -3,6 +3,8 @@
 //! touching any socket, Redis or MySQL), `--migrate` (apply the MySQL schema, then
 //! serve); a config error is one line on stderr and a non-zero exit; then tracing, the
 //! runtime, the gRPC and admin listeners, and the daemon's `run` until SIGINT/SIGTERM.
+//! SIGHUP reloads the config ([`crate::reload`]): `log.level` applies live, every other
+//! changed field is named in a warning (it needs a restart), a bad file is refused.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,10 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use tokio::net::TcpListener;
 
-use crate::config::ConfigError;
+use serde::de::DeserializeOwned;
+
+use crate::config::Validate;
+use crate::reload::{Reloader, LOG_LEVEL};
 use crate::shutdown::Shutdown;
 
 #[derive(Debug, Parser)]
@@ -39,21 +44,25 @@ pub struct Endpoints<'a> {
     pub mysql_url: &'a str,
     /// JSON log lines instead of text.
     pub json_logs: bool,
+    /// `log.level`: the log filter (`None`: `RUST_LOG`, else `info`).
+    pub log_level: Option<&'a str>,
     /// Runtime worker threads; 0 = tokio's default (`TOKIO_WORKER_THREADS`, else one
     /// per core); 1 = the current-thread scheduler ([`runtime_builder`]).
     pub worker_threads: usize,
 }
 
 /// Runs a daemon: `name` is its binary name (flags' help, default config
-/// `deploy/local/<name>.toml`, error prefix), `about` its one-line description.
+/// `deploy/local/<name>.toml`, error prefix), `about` its one-line description,
+/// `env_prefix` the prefix of its environment overrides (`STOCKD`).
 pub fn main<C, Fut>(
     name: &'static str,
     about: &'static str,
-    load: impl FnOnce(&Path) -> Result<C, ConfigError>,
+    env_prefix: &'static str,
     endpoints: impl Fn(&C) -> Endpoints<'_>,
     run: impl FnOnce(C, TcpListener, Option<TcpListener>, Shutdown) -> Fut,
 ) -> ExitCode
 where
+    C: DeserializeOwned + Validate + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let command = Flags::command()
@@ -67,7 +76,8 @@ where
     let path = flags
         .config
         .unwrap_or_else(|| crate::config::default_path(name));
-    let config = match load(&path) {
+    let load = move |p: &Path| crate::config::load_table::<C>(p, env_prefix);
+    let (config, table) = match load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -78,7 +88,7 @@ where
         println!("{}: ok", path.display());
         return ExitCode::SUCCESS;
     }
-    crate::telemetry::init(endpoints(&config).json_logs);
+    crate::telemetry::init(endpoints(&config).json_logs, endpoints(&config).log_level);
     let threads = endpoints(&config).worker_threads;
     let mut builder = runtime_builder(threads);
     let rt = match builder.build() {
@@ -89,6 +99,13 @@ where
         }
     };
     let served = rt.block_on(async {
+        // SIGHUP's handler first: from here on a reload never kills the process.
+        let shutdown = Shutdown::on_signals();
+        // Only the log filter changes live; the rest is read once by `run`.
+        let reloader = Reloader::new(path, &table, load, |field| field == LOG_LEVEL);
+        let reload = crate::reload::on_sighup(reloader, shutdown.clone(), |_: C, _| {})
+            .context("install the SIGHUP handler")?;
+        tokio::spawn(reload);
         let ends = endpoints(&config);
         if flags.migrate {
             migrate(ends.mysql_url).await?;
@@ -105,7 +122,7 @@ where
             None => None,
         };
         tracing::info!(grpc = ends.grpc, admin = ?ends.admin, "{name} listening");
-        run(config, grpc, admin, Shutdown::on_signals()).await
+        run(config, grpc, admin, shutdown).await
     });
     match served {
         Ok(()) => ExitCode::SUCCESS,

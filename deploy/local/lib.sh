@@ -25,7 +25,7 @@ ensure_pkg() {
         _apt_updated=1
     fi
     log "installing $* (for $cmd)"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -qq "$@" >/dev/null || die "apt-get install $* failed"
 }
 
 # ensure_rust: cargo with rustfmt and clippy, and the C tools crates build with: gcc, g++ and

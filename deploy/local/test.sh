@@ -21,6 +21,10 @@ ensure_pkg mariadb mariadb-client
 ensure_pkg curl curl
 ensure_pkg chromium chromium
 ensure_pkg chromedriver chromium-driver
+# The ops checks: promtool checks and unit-tests deploy/prometheus/, systemd-analyze
+# verifies deploy/systemd/ (tests/tests/deploy_configs.rs, deploy_systemd.rs).
+ensure_pkg promtool prometheus
+ensure_pkg systemd-analyze systemd
 
 # ---------------------------------------------------------------- the suite's MariaDB
 SUITE_DIR=$(mktemp -d /tmp/seckill-test-mariadb.XXXXXX)

@@ -128,7 +128,7 @@ where
             Err(e) => Err(e),
         };
         shared.strike(answer.client, &answer.refusal);
-        let path = if shared.cfg.server.access_log {
+        let path = if shared.access_log() {
             path_of(&buf[..len])
         } else {
             String::new()

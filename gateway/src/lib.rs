@@ -62,6 +62,9 @@ pub const H2_IDLE_SECS: u64 = 60;
 pub struct RunOpts {
     /// The config file, read again on SIGHUP.
     pub config_path: PathBuf,
+    /// The config as TOML (the file with the environment overrides applied,
+    /// [`seckill_daemon::config::load_table`]): what a SIGHUP compares field by field.
+    pub config_table: toml::Table,
     /// Take the listeners over from a running gateway (graceful upgrade, `-u`).
     pub upgrade: bool,
     /// Detach into the background (`-d`).
@@ -147,6 +150,7 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         Reload {
             shared,
             path: opts.config_path,
+            table: opts.config_table,
             read_ms,
         },
     ));
@@ -160,11 +164,25 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     server.run_forever()
 }
 
-/// SIGHUP: read the file again; on success swap in its limits, bans, admission and
-/// protection. Connections and in-flight requests are untouched.
+/// Whether a changed field (dotted path) takes effect on SIGHUP. The rest (listeners,
+/// threads, Redis, upstreams, auth keys, dev, the admin port, JSON logs) is read once at
+/// start: a SIGHUP names each such change in a warning, and a graceful upgrade
+/// (`systemctl reload gateway`: `-u` + SIGQUIT) applies it without dropping a connection.
+pub fn reloads_live(field: &str) -> bool {
+    const SECTIONS: [&str; 4] = ["limits.", "bans.", "admission.", "protection."];
+    SECTIONS.iter().any(|s| field.starts_with(s))
+        || field == "server.access_log"
+        || field == seckill_daemon::reload::LOG_LEVEL
+}
+
+/// SIGHUP: read the file again (with the environment overrides, validated as at start);
+/// on success apply the live fields ([`reloads_live`], [`shared::Shared::apply_reload`])
+/// and name every other changed field in a warning; a bad file is refused and logged.
+/// Connections and in-flight requests are untouched.
 struct Reload {
     shared: Arc<shared::Shared>,
     path: PathBuf,
+    table: toml::Table,
     read_ms: Arc<AtomicU64>,
 }
 
@@ -176,18 +194,55 @@ impl pingora::services::background::BackgroundService for Reload {
             tracing::error!("cannot install the SIGHUP handler");
             return;
         };
+        let mut reloader = seckill_daemon::reload::Reloader::new(
+            self.path.clone(),
+            &self.table,
+            |p: &std::path::Path| {
+                seckill_daemon::config::load_table::<config::Config>(p, config::ENV_PREFIX)
+            },
+            reloads_live,
+        );
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
-                _ = hup.recv() => match config::load(&self.path) {
-                    Ok(c) => {
+                _ = hup.recv() => {
+                    if let Some((c, _)) = reloader.reload_and_log() {
                         self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);
-                        self.shared.set_policy(c.policy());
-                        tracing::info!(path = %self.path.display(), "reloaded limits, bans, admission and protection");
+                        self.shared.apply_reload(&c);
                     }
-                    Err(e) => tracing::error!(error = %e, "reload refused; keeping the running config"),
-                },
+                }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reloads_live;
+
+    #[test]
+    fn the_policy_sections_reload_live_and_listeners_and_secrets_do_not() {
+        for live in [
+            "limits.max_tracked",
+            "limits.per_ip.rate",
+            "bans.deny",
+            "admission.k",
+            "protection.request_read_ms",
+            "server.access_log",
+            "log.level",
+        ] {
+            assert!(reloads_live(live), "{live}");
+        }
+        for restart in [
+            "server.listen",
+            "server.threads",
+            "redis.nodes",
+            "upstreams.stockd",
+            "auth.jwt_secret",
+            "admin.listen",
+            "log.json",
+        ] {
+            assert!(!reloads_live(restart), "{restart}");
         }
     }
 }

@@ -30,7 +30,11 @@ struct Flags {
 
 fn main() {
     let flags = Flags::parse();
-    let config = match gateway::config::load(&flags.config) {
+    let loaded = seckill_daemon::config::load_table::<gateway::config::Config>(
+        &flags.config,
+        gateway::config::ENV_PREFIX,
+    );
+    let (config, table) = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -41,9 +45,10 @@ fn main() {
         println!("{}: ok", flags.config.display());
         return;
     }
-    seckill_daemon::telemetry::init(config.log.json);
+    seckill_daemon::telemetry::init(config.log.json, config.log.level.as_deref());
     let opts = gateway::RunOpts {
         config_path: flags.config,
+        config_table: table,
         upgrade: flags.upgrade,
         daemon: flags.daemon,
     };

@@ -20,6 +20,7 @@ use crate::routes::RouteClass;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Outcome of a bucket check.
@@ -100,7 +101,12 @@ const SHARDS: usize = 64;
 /// Token buckets keyed by u64.
 pub struct BucketMap {
     shards: Box<[Mutex<Shard>]>,
-    per_shard_cap: usize,
+    /// `max_tracked` / shards; changed live by a reload ([`Self::set_max_tracked`]).
+    per_shard_cap: AtomicUsize,
+}
+
+fn per_shard_cap(max_tracked: usize) -> usize {
+    (max_tracked / SHARDS).max(16)
 }
 
 impl BucketMap {
@@ -112,8 +118,15 @@ impl BucketMap {
             .into_boxed_slice();
         Self {
             shards,
-            per_shard_cap: (max_tracked / SHARDS).max(16),
+            per_shard_cap: AtomicUsize::new(per_shard_cap(max_tracked)),
         }
+    }
+
+    /// A new `max_tracked` (a reload). A smaller one takes effect shard by shard: the
+    /// next new key of a shard over its share drops the excess first.
+    pub fn set_max_tracked(&self, max_tracked: usize) {
+        self.per_shard_cap
+            .store(per_shard_cap(max_tracked), Ordering::Relaxed);
     }
 
     fn shard(&self, key: u64) -> &Mutex<Shard> {
@@ -127,8 +140,9 @@ impl BucketMap {
     pub fn take(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
         let now = now_ms as u32;
         let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= self.per_shard_cap && !shard.contains_key(&key) {
-            Self::make_room(&mut shard, limit, now, self.per_shard_cap);
+        let cap = self.per_shard_cap.load(Ordering::Relaxed);
+        if shard.len() >= cap && !shard.contains_key(&key) {
+            Self::make_room(&mut shard, limit, now, cap);
         }
         let st = shard.entry(key).or_insert(State {
             tokens: limit.burst as f32,
@@ -160,8 +174,10 @@ impl BucketMap {
         let full_after_ms = (limit.burst / limit.rate * 1000.0) as u32;
         shard.retain(|_, st| now.wrapping_sub(st.last_ms) < full_after_ms);
         if shard.len() >= cap {
-            // Still full of active clients: drop an eighth, arbitrary ones.
-            let drop: Vec<u64> = shard.keys().take(cap / 8 + 1).copied().collect();
+            // Still full of active clients: drop an eighth, arbitrary ones (and whatever
+            // exceeds a cap lowered by a reload).
+            let excess = shard.len() - cap;
+            let drop: Vec<u64> = shard.keys().take(excess + cap / 8 + 1).copied().collect();
             for k in drop {
                 shard.remove(&k);
             }
@@ -259,6 +275,12 @@ impl RateLimiter {
         self.users.take(user_key(user), limits.per_user, now_ms)
     }
 
+    /// A new `limits.max_tracked` (a reload) for the per-IP and per-user buckets.
+    pub fn set_max_tracked(&self, max_tracked: usize) {
+        self.ips.set_max_tracked(max_tracked);
+        self.users.set_max_tracked(max_tracked);
+    }
+
     /// Sweeper pass; returns how many buckets were dropped.
     pub fn evict_idle(&self, limits: &Limits, now_ms: u64) -> usize {
         let idle = limits.idle_evict_secs * 1000;
@@ -278,6 +300,28 @@ mod tests {
         rate: 2.0,
         burst: 3.0,
     };
+
+    #[test]
+    fn a_max_tracked_lowered_live_bounds_the_map_from_the_next_new_keys() {
+        let m = BucketMap::new(1_000_000);
+        for k in 0..20_000 {
+            m.take(k, B, 1000);
+        }
+        assert_eq!(m.len(), 20_000);
+        // 16 per shard: at most 1024 keys once every shard has seen a new key.
+        m.set_max_tracked(0);
+        for k in 20_000..40_000 {
+            m.take(k, B, 1000);
+        }
+        assert!(m.len() <= 16 * SHARDS, "{} keys", m.len());
+        // Raised again: room for every new key.
+        m.set_max_tracked(1_000_000);
+        let before = m.len();
+        for k in 40_000..41_000 {
+            m.take(k, B, 1000);
+        }
+        assert_eq!(m.len(), before + 1000);
+    }
 
     #[test]
     fn a_burst_passes_then_the_bucket_refuses_until_it_refills() {

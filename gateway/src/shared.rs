@@ -1,10 +1,11 @@
 //! [`Shared`]: what every request and every background feed reads: the config as
-//! loaded, the SIGHUP-swappable [`Compiled`] policy, the bans, buckets, catalog, keys,
+//! loaded, the SIGHUP-swappable [`Compiled`] policy (and the other live fields:
+//! `limits.max_tracked`, `server.access_log`), the bans, buckets, catalog, keys,
 //! metrics and canned answers; and [`Answered`], the record of one answered request
 //! (metrics, access log), shared by the pipeline and the fast lane.
 
 use std::net::IpAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -43,9 +44,12 @@ impl Compiled {
 
 /// State shared by every request and the background feeds.
 pub struct Shared {
-    /// The config as loaded at start (the policy part may since have been reloaded).
+    /// The config as loaded at start (the policy part, `limits.max_tracked` and
+    /// `server.access_log` may since have been reloaded: read them through
+    /// [`Shared::policy`] and [`Shared::access_log`]).
     pub cfg: Config,
     policy: RwLock<Arc<Compiled>>,
+    access_log: AtomicBool,
     pub bans: Bans,
     pub limiter: RateLimiter,
     pub catalog: Catalog,
@@ -66,6 +70,7 @@ impl Shared {
     ) -> anyhow::Result<Self> {
         Ok(Self {
             policy: RwLock::new(Arc::new(Compiled::new(cfg.policy()))),
+            access_log: AtomicBool::new(cfg.server.access_log),
             bans: Bans::new(announce),
             limiter: RateLimiter::new(cfg.limits.max_tracked),
             catalog: Catalog::default(),
@@ -117,7 +122,7 @@ impl Shared {
     pub fn answered(&self, a: Answered<'_>) {
         self.metrics
             .decision(a.route, a.outcome, a.elapsed.as_secs_f64());
-        if self.cfg.server.access_log {
+        if self.access_log() {
             tracing::info!(
                 target: "access",
                 method = a.method,
@@ -135,6 +140,21 @@ impl Shared {
     /// Swaps in a reloaded policy; requests in flight keep the one they started with.
     pub fn set_policy(&self, p: config::Policy) {
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Compiled::new(p));
+    }
+
+    /// `server.access_log` as last loaded.
+    pub fn access_log(&self) -> bool {
+        self.access_log.load(Ordering::Relaxed)
+    }
+
+    /// Applies the live fields of a reloaded config: the policy (`[limits]`, `[bans]`,
+    /// `[admission]`, `[protection]`), `limits.max_tracked` and `server.access_log`.
+    /// (`protection.request_read_ms` is also read by the listener: `lib.rs` stores it.)
+    pub fn apply_reload(&self, c: &Config) {
+        self.set_policy(c.policy());
+        self.limiter.set_max_tracked(c.limits.max_tracked);
+        self.access_log
+            .store(c.server.access_log, Ordering::Relaxed);
     }
 }
 

@@ -1,5 +1,5 @@
 //! The `orderd` binary: the shared daemon start-up ([`seckill_daemon::start`]: `-c`, `-t`,
-//! `--migrate`, tracing, listeners) around [`orderd::run`].
+//! `--migrate`, tracing, listeners, SIGHUP reload) around [`orderd::run`].
 
 use std::process::ExitCode;
 
@@ -12,12 +12,13 @@ fn main() -> ExitCode {
     seckill_daemon::start::main(
         "orderd",
         "Order daemon of the seckill platform: orders, payment, timeouts, dead letters.",
-        orderd::Config::load,
+        orderd::config::ENV_PREFIX,
         |c| seckill_daemon::start::Endpoints {
             grpc: &c.grpc.listen,
             admin: c.admin.listen.as_deref(),
             mysql_url: &c.mysql.url,
             json_logs: c.log.json,
+            log_level: c.log.level.as_deref(),
             worker_threads: 0,
         },
         orderd::run,

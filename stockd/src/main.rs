@@ -1,5 +1,5 @@
 //! The `stockd` binary: the shared daemon start-up ([`seckill_daemon::start`]: `-c`, `-t`,
-//! `--migrate`, tracing, listeners) around [`stockd::run`].
+//! `--migrate`, tracing, listeners, SIGHUP reload) around [`stockd::run`].
 
 use std::process::ExitCode;
 
@@ -12,12 +12,13 @@ fn main() -> ExitCode {
     seckill_daemon::start::main(
         "stockd",
         "Stock daemon of the seckill platform: activities, sharded stock, reservations.",
-        stockd::Config::load,
+        stockd::config::ENV_PREFIX,
         |c| seckill_daemon::start::Endpoints {
             grpc: &c.grpc.listen,
             admin: c.admin.listen.as_deref(),
             mysql_url: &c.mysql.url,
             json_logs: c.log.json,
+            log_level: c.log.level.as_deref(),
             worker_threads: c.grpc.runtime_threads(),
         },
         stockd::run,

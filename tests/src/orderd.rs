@@ -149,7 +149,18 @@ pub struct OrderdProcess {
 impl OrderdProcess {
     /// The log file of the process (stdout and stderr).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("orderd.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Where the log is written.
+    pub fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("orderd.log")
+    }
+
+    /// The config file the process was started with (rewrite it and send SIGHUP to
+    /// reload).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("orderd.toml")
     }
 }
 

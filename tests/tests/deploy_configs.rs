@@ -65,9 +65,65 @@ fn validate(path: &Path) -> Result<&'static str, String> {
                 Err(String::from_utf8_lossy(&out.stderr).into_owned())
             }
         }
+        // systemd units: `systemd-analyze verify` (deeper checks: deploy_systemd.rs).
+        (_, "service") => systemd_verify(path).map(|_| "systemd unit"),
+        // Prometheus alert rules and their unit tests (promtool, Debian package
+        // `prometheus`; deploy/local/test.sh installs it).
+        ("alerts.yml", _) => promtool(&["check", "rules"], path).map(|_| "alert rules"),
+        ("alerts_test.yml", _) => promtool(&["test", "rules"], path).map(|_| "alert tests"),
         _ => Err(
             "no validator for this kind of file: add one to tests/tests/deploy_configs.rs".into(),
         ),
+    }
+}
+
+/// Runs `cmd` and returns `Err` with its output when it fails or prints to stderr.
+fn quiet_success(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() && stderr.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}\n{}{stderr}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    }
+}
+
+/// `systemd-analyze verify` of a unit whose binaries under `/usr/local/bin/` are stood in
+/// for by `/bin/true` (verify wants them to exist). Any warning fails it: verify exits 0
+/// on an unknown key, only printing it.
+fn systemd_verify(path: &Path) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    for bin in ["stockd", "orderd", "gateway"] {
+        std::os::unix::fs::symlink("/bin/true", dir.path().join(bin)).map_err(|e| e.to_string())?;
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let unit = dir.path().join(path.file_name().unwrap());
+    let bins = format!("{}/", dir.path().display());
+    std::fs::write(&unit, text.replace("/usr/local/bin/", &bins)).map_err(|e| e.to_string())?;
+    quiet_success(Command::new("systemd-analyze").arg("verify").arg(&unit))
+}
+
+fn promtool(args: &[&str], path: &Path) -> Result<(), String> {
+    let out = Command::new("promtool")
+        .args(args)
+        .arg(path)
+        .output()
+        .map_err(|e| format!("cannot run promtool (install the Debian package prometheus): {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
