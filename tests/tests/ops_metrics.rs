@@ -15,15 +15,9 @@ use seckill_tests::process::{free_port, wait_until_async};
 use seckill_tests::stockd::{create_published_activity_with, spawn_stockd_process};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
-/// Named by the alerts and the dashboard but not exported yet: added by the replica-ack
-/// change (another branch). Remove each entry when that change lands; from then on the
-/// metric must be exported like every other.
-const NOT_YET_EXPORTED: &[&str] = &[
-    // added by the replica-ack change
-    "stockd_replica_ack_timeouts_total",
-    // added by the replica-ack change
-    "stockd_unavailable_activities",
-];
+/// Named by the alerts or the dashboard before the change that exports them lands (none
+/// now): each entry must still be named somewhere, and goes once the metric is exported.
+const NOT_YET_EXPORTED: &[&str] = &[];
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
