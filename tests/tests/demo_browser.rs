@@ -38,8 +38,8 @@ fn find_binary(names: &[&str]) -> Option<PathBuf> {
     None
 }
 
-/// True when the test runs in CI (`CI=true`, as GitHub Actions, GitLab and our `.ci/run`
-/// set it): there a browser that is missing or does not start is a failure, not a skip.
+/// True when the test runs in CI (`CI=true`, as CI services and `.ci/run` set it): there
+/// a browser that is missing or does not start is a failure, not a skip.
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| {
         let v = v.trim();
