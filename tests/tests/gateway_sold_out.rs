@@ -154,3 +154,85 @@ async fn a_holder_resending_after_the_sell_out_gets_the_same_reservation_and_los
         "stockd was called for a request whose user holds nothing"
     );
 }
+
+/// `sold_out` of the only item of activity `a`, as `gw`'s catalog says.
+async fn sold_out_at(gw: &GatewayHandle, a: u64) -> bool {
+    gw.get(&format!("/api/v1/activities/{a}"), None).await.body["activity"]["items"][0]["sold_out"]
+        == true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_follow_a_returned_unit_and_its_new_buyer_on_every_edge() {
+    init_tracing();
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(1, 100)]).await;
+    let gw1 = s.gateway(|_| {}).await;
+    let gw2 = s.gateway(|_| {}).await;
+    gw1.wait_activity(act.id).await;
+    gw2.wait_activity(act.id).await;
+    let (a, item) = (act.id, act.items[0].id);
+    let fast = |gw| Lane {
+        name: "fast lane".into(),
+        gw,
+        http: Client::new(),
+    };
+
+    let alice = gw1.dev_token("alice").await;
+    let alice_req = json!({
+        "purchase_token": gw1.purchase_token(&alice, a, item).await,
+        "request_id": "alice-1",
+    });
+    let dave = gw2.dev_token("dave").await;
+    let dave_req = json!({
+        "purchase_token": gw2.purchase_token(&dave, a, item).await,
+        "request_id": "dave-1",
+    });
+    let (status, body) = fast(&gw1).reserve(&alice, (a, item), &alice_req).await;
+    assert_eq!(status, 202, "{body}");
+    let alice_rid = body["reservation_id"].as_str().unwrap().to_owned();
+    for gw in [&gw1, &gw2] {
+        wait_until_async("sold out", Duration::from_secs(10), || sold_out_at(gw, a)).await;
+    }
+
+    // Alice's order is cancelled: the unit goes back to Redis and the item on sale.
+    let order = format!("/api/v1/orders/{alice_rid}");
+    wait_until_async("alice's order in MySQL", Duration::from_secs(20), || {
+        let (gw1, alice, order) = (&gw1, &alice, &order);
+        async move { gw1.get(order, Some(alice)).await.body["state"] == "PENDING_PAYMENT" }
+    })
+    .await;
+    let cancel = gw1
+        .post(&format!("{order}/cancel"), Some(&alice), json!({}))
+        .await;
+    assert_eq!(cancel.status, 200, "{}", cancel.body);
+    for gw in [&gw1, &gw2] {
+        wait_until_async("back on sale", Duration::from_secs(20), || async move {
+            !sold_out_at(gw, a).await
+        })
+        .await;
+    }
+
+    // Dave takes it: sold out again, now held by dave alone, on both edges.
+    let (status, body) = fast(&gw2).reserve(&dave, (a, item), &dave_req).await;
+    assert_eq!(status, 202, "{body}");
+    let dave_rid = body["reservation_id"].as_str().unwrap().to_owned();
+    for gw in [&gw1, &gw2] {
+        wait_until_async("sold out again", Duration::from_secs(10), || {
+            sold_out_at(gw, a)
+        })
+        .await;
+    }
+    let lanes = lanes(&[("gw1", &gw1), ("gw2", &gw2)]);
+    for lane in &lanes {
+        let (status, body) = lane.reserve(&dave, (a, item), &dave_req).await;
+        assert_eq!(status, 202, "{}: dave's resend: {body}", lane.name);
+        assert_eq!(body["reservation_id"], dave_rid.as_str(), "{}", lane.name);
+    }
+    // Alice holds nothing any more: her old resend is a loser's, answered at the edge.
+    let seen = s.reservations_seen_by_stockd();
+    for lane in &lanes {
+        let (status, body) = lane.reserve(&alice, (a, item), &alice_req).await;
+        assert_eq!(status, 410, "{}: alice after her cancel: {body}", lane.name);
+    }
+    assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
+}
