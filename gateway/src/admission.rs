@@ -38,18 +38,11 @@ pub fn admit(item: &Arc<ItemLive>, k: f64, min_in_flight: u32) -> Option<Admitte
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32};
 
     fn item(total: u32, remaining: i64) -> Arc<ItemLive> {
-        Arc::new(ItemLive {
-            id: 1,
-            title: String::new(),
-            sale_price_cents: 0,
-            total,
-            sold_out: AtomicBool::new(false),
-            remaining: AtomicI64::new(remaining),
-            in_flight: AtomicU32::new(0),
-        })
+        let it = ItemLive::new(1, String::new(), 0, 0, total);
+        it.remaining.store(remaining, Ordering::Relaxed);
+        Arc::new(it)
     }
 
     #[test]

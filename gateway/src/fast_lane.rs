@@ -25,6 +25,10 @@
 //! - The answer is the pipeline's byte for byte (status line, headers in the same
 //!   order, `Date`, `Connection: keep-alive`, body), and is counted in the same metrics,
 //!   access log and auto-ban strikes.
+//! - The sold-out step sees the request's bearer token, as in the pipeline: a reserve
+//!   whose token names (unverified) a user holding a unit of the sold-out item is not
+//!   refused here but handed to pingora, which authenticates it and asks stockd
+//!   (`filters/sold_out.rs`). Everyone else's sold-out answer stays here.
 //! - Deadlines are the pipeline's: the read deadline of `deadline.rs` covers a request
 //!   from its first byte; an idle connection is closed after 60 s, as pingora closes an
 //!   idle HTTP/1.1 keep-alive, or at shutdown.
@@ -188,6 +192,7 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
     }
     let mut body_len = None;
     let mut xff = None;
+    let mut authorization = None;
     let mut header_bytes = 0;
     for h in req.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
@@ -205,6 +210,11 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
                 return Scan::Pingora;
             }
             xff = Some(h.value);
+        } else if name.eq_ignore_ascii_case(b"authorization") {
+            if authorization.is_some() {
+                return Scan::Pingora;
+            }
+            authorization = Some(h.value);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -236,7 +246,8 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
         client_ip: client,
         now_ms: shared.now_ms(),
         now_unix_ms: unix_ms(),
-        bearer: None,
+        // As `proxy.rs` reads it (no query-string token outside the events route).
+        bearer: crate::auth::bearer(authorization, None, false),
         purchase_token: None,
         user: None,
         item: None,
@@ -325,6 +336,59 @@ mod tests {
     fn pipelined_requests_are_taken_one_at_a_time() {
         let two = [GET, GET].concat();
         assert_eq!(refused_len(scan(&shared(), &two, DENIED)), Some(GET.len()));
+    }
+
+    #[test]
+    fn a_sold_out_reserve_is_refused_here_but_for_a_holder_who_goes_to_pingora() {
+        use crate::sold_out::{ItemMeta, Meta};
+        use base64::Engine as _;
+        let sh = shared();
+        sh.catalog.replace(vec![Meta {
+            id: 1,
+            title: "t".into(),
+            start_ms: 0,
+            end_ms: i64::MAX,
+            shards: 2,
+            version: 1,
+            items: vec![ItemMeta {
+                id: 7,
+                title: "i".into(),
+                price_cents: 200,
+                sale_price_cents: 100,
+                total: 1,
+            }],
+        }]);
+        sh.catalog
+            .set_holders(1, 7, [Box::from("alice")].into_iter().collect());
+        let jwt = |sub: &str| {
+            let b64 = |s: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+            let payload = b64(format!(r#"{{"sub":"{sub}","exp":1}}"#));
+            format!("{}.{payload}.sig", b64(r#"{"alg":"HS256"}"#.into()))
+        };
+        let reserve = |auth: &str| {
+            let body = r#"{"purchase_token":"t","request_id":"r"}"#;
+            format!(
+                "POST /api/v1/activities/1/items/7/reserve HTTP/1.1\r\nhost: x\r\n{auth}\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        for auth in [
+            String::new(),
+            format!("authorization: Bearer {}\r\n", jwt("carol")),
+            "authorization: Bearer garbage\r\n".into(),
+        ] {
+            let req = reserve(&auth);
+            match scan(&sh, req.as_bytes(), FREE) {
+                Scan::Refuse { len, answer } => {
+                    assert!(matches!(answer.refusal, Refusal::SoldOut), "{auth}");
+                    assert_eq!(len, req.len());
+                }
+                _ => panic!("not refused: {auth}"),
+            }
+        }
+        let holder = reserve(&format!("authorization: Bearer {}\r\n", jwt("alice")));
+        assert!(matches!(scan(&sh, holder.as_bytes(), FREE), Scan::Pingora));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //!   [`Catalog`](crate::sold_out::Catalog), again on every `keys::ACTIVITIES_CHANNEL`
 //!   message and every `redis.refresh_ms`;
 //! - reads every shard's `keys::stock` of every item in one pipeline every
-//!   `redis.stock_poll_ms` (sold-out flags and the admission cap's "remaining");
+//!   `redis.stock_poll_ms` (sold-out flags and the admission cap's "remaining"), and
+//!   right after, for the items found empty, every shard's `keys::buyers` (HKEYS): the
+//!   users who hold a unit, whose resends the sold-out short-circuit lets through.
+//!   A sold-out message or answer asks for this read at once;
 //! - follows `keys::SOLD_OUT_CHANNEL` and `keys::BANS_CHANNEL`, and reloads
 //!   `HGETALL keys::BANS` with the activities;
 //! - writes our auto-bans (HSET + PUBLISH) and drops expired bans from the hash;
@@ -14,7 +17,7 @@
 //! - sweeps idle token buckets.
 
 use crate::shared::Shared;
-use crate::sold_out::Meta;
+use crate::sold_out::{Holders, Meta};
 use async_trait::async_trait;
 use fred::prelude::*;
 use fred::types::config::ReconnectPolicy;
@@ -94,11 +97,20 @@ async fn load_activities(c: &Client) -> Result<Vec<Meta>, Error> {
     Ok(metas)
 }
 
-/// One pipeline of GETs over every shard stock key of every item.
+/// One pipeline of GETs over every shard stock key of every item, then one of HKEYS
+/// over every shard buyers hash of the items found empty.
+///
+/// The holders are read after the stock on purpose: a unit is taken and its buyer
+/// recorded in one Lua call, so every unit gone by the stock read has its holder in
+/// the hashes by the holders read (unless it was returned meanwhile, and then its
+/// holder holds nothing). The read is repeated on every poll while the item stays
+/// sold out, so every edge follows returns and re-sales from the same hashes; its size
+/// is bounded by the item's stock.
 async fn poll_stock(c: &Client, shared: &Shared) -> Result<(), Error> {
     let all = shared.catalog.all();
     let now = unix_ms() as i64;
     let mut order = Vec::new();
+    let mut empty = Vec::new();
     let pipe = c.pipeline();
     for act in all.values() {
         if now >= act.end_ms {
@@ -128,6 +140,40 @@ async fn poll_stock(c: &Client, shared: &Shared) -> Result<(), Error> {
         }
         if known {
             shared.catalog.set_remaining(a, s, sum);
+            if sum <= 0 {
+                empty.push((a, s, shards));
+            }
+        }
+    }
+    if empty.is_empty() {
+        return Ok(());
+    }
+    let pipe = c.pipeline();
+    for (a, s, shards) in &empty {
+        for i in 0..*shards {
+            let _: () = pipe.hkeys(keys::buyers(*a, i, *s)).await?;
+        }
+    }
+    let values: Vec<Value> = pipe.all().await?;
+    let mut it = values.into_iter();
+    for (a, s, shards) in empty {
+        let mut holders = Holders::new();
+        let mut complete = true;
+        for _ in 0..shards {
+            match it.next() {
+                Some(Value::Array(users)) => holders.extend(
+                    users
+                        .iter()
+                        .filter_map(|u| u.as_str())
+                        .map(|u| Box::<str>::from(u.as_ref())),
+                ),
+                // A missing hash is an empty one; anything else is not a read.
+                Some(Value::Null) => {}
+                _ => complete = false,
+            }
+        }
+        if complete {
+            shared.catalog.set_holders(a, s, holders);
         }
     }
     Ok(())
@@ -187,7 +233,9 @@ fn on_message(shared: &Shared, msg: &fred::types::Message, reload: &tokio::sync:
     match &*msg.channel {
         keys::SOLD_OUT_CHANNEL => {
             if let Some(m) = SoldOut::parse(&text) {
-                shared.catalog.set_sold_out(m.activity, m.item, m.sold_out);
+                shared
+                    .catalog
+                    .report_sold_out(m.activity, m.item, m.sold_out);
             }
         }
         keys::BANS_CHANNEL => {
@@ -304,6 +352,12 @@ impl BackgroundService for Feeds {
                 _ = refresh.tick() => self.refresh(&c).await,
                 _ = reload.notified() => self.refresh(&c).await,
                 _ = poll.tick() => {
+                    if let Err(e) = poll_stock(&c, &shared).await {
+                        shared.metrics.catalog_refresh_errors.inc();
+                        tracing::debug!(error = %e, "stock poll failed");
+                    }
+                }
+                _ = shared.catalog.read_wanted() => {
                     if let Err(e) = poll_stock(&c, &shared).await {
                         shared.metrics.catalog_refresh_errors.inc();
                         tracing::debug!(error = %e, "stock poll failed");

@@ -2,29 +2,124 @@
 //! `window` filters).
 //!
 //! [`Catalog`] holds every published activity read from `sk:{a}:meta` (window, items,
-//! shard count) and, per item, an [`ItemLive`]: the sold-out flag and the units left.
-//! Three feeds keep them current ([`crate::redis`]): `keys::SOLD_OUT_CHANNEL`, a
-//! periodic pipelined read of every shard stock key, and `SOLD_OUT` answers from
-//! stockd. A `reserve` of a sold-out item is answered 410 before authentication
-//! ([`SoldOutEarly`]: the flag is public, so the cheapest answer for the crowd costs
-//! no JWT check either); [`Window`] then checks the window for token and reserve.
+//! list and sale prices, shard count) and, per item, an [`ItemLive`]: the sold-out
+//! flag, the users who hold a unit of the sold-out item, and the units left.
+//!
+//! The feeds ([`crate::redis`]): a periodic pipelined read of every shard stock key
+//! and, for every item whose shards are all empty, of every shard's buyers hash
+//! (`keys::buyers`, HKEYS); `keys::SOLD_OUT_CHANNEL`; and `SOLD_OUT` answers from
+//! stockd. The flag is set only together with the holders read after the stock
+//! ([`Catalog::set_holders`]); the channel and stockd's answers only ask for that read
+//! at once ([`Catalog::report_sold_out`]). So every edge of a fleet turns an item sold
+//! out with the same holders, read from the same hashes, refreshed on every poll.
+//!
+//! A `reserve` of a sold-out item is answered 410 before authentication
+//! (`filters::SoldOutEarly`, and the fast lane), unless the bearer token's unverified
+//! `sub` holds a unit: that request goes on to be authenticated and to stockd, which
+//! gives the holder their reservation back (the resend contract) or `duplicate`.
+//! `filters::Window` then checks the window, and the holder again with the verified
+//! user, for token and reserve.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
+
+use tokio::sync::Notify;
+
+/// Users holding a unit of a sold-out item (the fields of its buyers hashes).
+pub type Holders = HashSet<Box<str>>;
 
 /// Live state of one item, shared across catalog refreshes.
 #[derive(Debug)]
 pub struct ItemLive {
     pub id: u64,
     pub title: String,
+    /// List price, cents.
+    pub price_cents: i64,
+    /// Sale price, cents.
     pub sale_price_cents: i64,
     pub total: u32,
+    /// The edge answers 410 for this item (but to [`Self::held_by`] users). Set only
+    /// with the holders ([`Catalog::set_holders`]).
     pub sold_out: AtomicBool,
     /// Units left over every shard, -1 until first read.
     pub remaining: AtomicI64,
     /// Reservations in flight to stockd (the admission cap).
     pub in_flight: AtomicU32,
+    /// Who holds a unit, while [`Self::sold_out`]; empty otherwise. At most the item's
+    /// stock in size (one unit per user).
+    holders: RwLock<Arc<Holders>>,
+}
+
+impl ItemLive {
+    /// An item on sale, its shards not read yet.
+    pub fn new(
+        id: u64,
+        title: String,
+        price_cents: i64,
+        sale_price_cents: i64,
+        total: u32,
+    ) -> Self {
+        Self {
+            id,
+            title,
+            price_cents,
+            sale_price_cents,
+            total,
+            sold_out: AtomicBool::new(false),
+            remaining: AtomicI64::new(-1),
+            in_flight: AtomicU32::new(0),
+            holders: RwLock::default(),
+        }
+    }
+
+    /// True when `user` held a unit at the last read of the sold-out item's buyers.
+    pub fn held_by(&self, user: &str) -> bool {
+        self.holders
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(user)
+    }
+
+    /// True when the edge answers `user` (`None`: anonymous) 410 for this item: it is
+    /// sold out and they hold no unit of it.
+    pub fn sold_out_for(&self, user: Option<&str>) -> bool {
+        self.sold_out.load(Ordering::Acquire) && !user.is_some_and(|u| self.held_by(u))
+    }
+
+    fn holders(&self) -> Arc<Holders> {
+        self.holders
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_holders(&self, holders: Arc<Holders>) {
+        *self.holders.write().unwrap_or_else(|p| p.into_inner()) = holders;
+    }
+
+    /// Back on sale: no flag, no holders.
+    fn clear(&self) {
+        self.sold_out.store(false, Ordering::Release);
+        self.set_holders(Arc::default());
+    }
+
+    /// A copy with another meta (title, prices, total) and the same live state.
+    fn remade(&self, m: &ItemMeta) -> Self {
+        let next = Self::new(
+            m.id,
+            m.title.clone(),
+            m.price_cents,
+            m.sale_price_cents,
+            m.total,
+        );
+        next.set_holders(self.holders());
+        next.sold_out
+            .store(self.sold_out.load(Ordering::Acquire), Ordering::Release);
+        next.remaining
+            .store(self.remaining.load(Ordering::Relaxed), Ordering::Relaxed);
+        next
+    }
 }
 
 /// One published activity.
@@ -65,8 +160,7 @@ impl Activity {
             "items": self.items.iter().map(|i| serde_json::json!({
                 "id": i.id,
                 "title": i.title,
-                // The meta hash carries the sale price only.
-                "price_cents": i.sale_price_cents,
+                "price_cents": i.price_cents,
                 "sale_price_cents": i.sale_price_cents,
                 "stock": i.total,
                 "sold_out": i.sold_out.load(Ordering::Relaxed),
@@ -84,8 +178,21 @@ pub struct Meta {
     pub end_ms: i64,
     pub shards: u32,
     pub version: u64,
-    /// (item id, title, sale price, total units)
-    pub items: Vec<(u64, String, i64, u32)>,
+    pub items: Vec<ItemMeta>,
+}
+
+/// One item of a [`Meta`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemMeta {
+    pub id: u64,
+    pub title: String,
+    /// List price, cents (`list_price:<s>`; the sale price when a meta hash written
+    /// before that field existed lacks it).
+    pub price_cents: i64,
+    /// Sale price, cents (`price:<s>`).
+    pub sale_price_cents: i64,
+    /// Units put on sale.
+    pub total: u32,
 }
 
 impl Meta {
@@ -99,15 +206,17 @@ impl Meta {
             .filter(|s| !s.is_empty())
             .map(|s| {
                 let sid: u64 = s.trim().parse().ok()?;
-                Some((
-                    sid,
-                    fields
+                let sale = num(&format!("{}{sid}", f::ITEM_PRICE)).unwrap_or(0);
+                Some(ItemMeta {
+                    id: sid,
+                    title: fields
                         .get(&format!("{}{sid}", f::ITEM_TITLE))
                         .cloned()
                         .unwrap_or_default(),
-                    num(&format!("{}{sid}", f::ITEM_PRICE)).unwrap_or(0),
-                    num(&format!("{}{sid}", f::ITEM_STOCK)).unwrap_or(0).max(0) as u32,
-                ))
+                    price_cents: num(&format!("{}{sid}", f::ITEM_LIST_PRICE)).unwrap_or(sale),
+                    sale_price_cents: sale,
+                    total: num(&format!("{}{sid}", f::ITEM_STOCK)).unwrap_or(0).max(0) as u32,
+                })
             })
             .collect::<Option<Vec<_>>>()?;
         Some(Self {
@@ -127,6 +236,9 @@ impl Meta {
 pub struct Catalog {
     current: RwLock<Arc<HashMap<u64, Arc<Activity>>>>,
     loaded: AtomicBool,
+    /// Woken when a feed reports an item sold out: the stock and holders are read now
+    /// rather than at the next poll.
+    read_now: Notify,
 }
 
 impl Catalog {
@@ -159,29 +271,24 @@ impl Catalog {
             let items = m
                 .items
                 .iter()
-                .map(
-                    |(sid, title, price, total)| match prev.and_then(|p| p.item(*sid)) {
-                        Some(live) if live.total == *total && live.title == *title => live.clone(),
-                        Some(live) => Arc::new(ItemLive {
-                            id: *sid,
-                            title: title.clone(),
-                            sale_price_cents: *price,
-                            total: *total,
-                            sold_out: AtomicBool::new(live.sold_out.load(Ordering::Relaxed)),
-                            remaining: AtomicI64::new(live.remaining.load(Ordering::Relaxed)),
-                            in_flight: AtomicU32::new(0),
-                        }),
-                        None => Arc::new(ItemLive {
-                            id: *sid,
-                            title: title.clone(),
-                            sale_price_cents: *price,
-                            total: *total,
-                            sold_out: AtomicBool::new(false),
-                            remaining: AtomicI64::new(-1),
-                            in_flight: AtomicU32::new(0),
-                        }),
-                    },
-                )
+                .map(|im| match prev.and_then(|p| p.item(im.id)) {
+                    Some(live)
+                        if live.total == im.total
+                            && live.title == im.title
+                            && live.price_cents == im.price_cents
+                            && live.sale_price_cents == im.sale_price_cents =>
+                    {
+                        live.clone()
+                    }
+                    Some(live) => Arc::new(live.remade(im)),
+                    None => Arc::new(ItemLive::new(
+                        im.id,
+                        im.title.clone(),
+                        im.price_cents,
+                        im.sale_price_cents,
+                        im.total,
+                    )),
+                })
                 .collect();
             next.insert(
                 m.id,
@@ -200,21 +307,48 @@ impl Catalog {
         self.loaded.store(true, Ordering::Release);
     }
 
-    /// Sets one item's flag (pub/sub, stockd answers).
-    pub fn set_sold_out(&self, a: u64, s: u64, sold_out: bool) {
-        if let Some(item) = self.get(a).and_then(|act| act.item(s).cloned()) {
-            item.sold_out.store(sold_out, Ordering::Relaxed);
+    fn live(&self, a: u64, s: u64) -> Option<Arc<ItemLive>> {
+        self.get(a).and_then(|act| act.item(s).cloned())
+    }
+
+    /// A feed says the item sold out (pub/sub, a `SOLD_OUT` answer from stockd) or is on
+    /// sale again. Sold out: no units left for the admission cap, and the feeds read the
+    /// stock and holders now ([`Self::read_wanted`]); the flag waits for the holders
+    /// ([`Self::set_holders`]), so that a holder's resend is never refused meanwhile.
+    /// On sale: the flag and the holders are dropped at once.
+    pub fn report_sold_out(&self, a: u64, s: u64, sold_out: bool) {
+        if let Some(item) = self.live(a, s) {
             if sold_out {
                 item.remaining.store(0, Ordering::Relaxed);
+                self.read_now.notify_one();
+            } else {
+                item.clear();
             }
         }
     }
 
-    /// Records a read of every shard of an item: the flag follows the sum.
+    /// Resolves when a feed has asked for an immediate read of stock and holders.
+    pub async fn read_wanted(&self) {
+        self.read_now.notified().await
+    }
+
+    /// Records a read of every shard of an item with units left: on sale.
     pub fn set_remaining(&self, a: u64, s: u64, remaining: i64) {
-        if let Some(item) = self.get(a).and_then(|act| act.item(s).cloned()) {
+        if let Some(item) = self.live(a, s) {
             item.remaining.store(remaining.max(0), Ordering::Relaxed);
-            item.sold_out.store(remaining <= 0, Ordering::Relaxed);
+            if remaining > 0 {
+                item.clear();
+            }
+        }
+    }
+
+    /// Records a read of an item whose shards are all empty, and the users its buyers
+    /// hashes held right after: sold out, but to them.
+    pub fn set_holders(&self, a: u64, s: u64, holders: Holders) {
+        if let Some(item) = self.live(a, s) {
+            item.remaining.store(0, Ordering::Relaxed);
+            item.set_holders(Arc::new(holders));
+            item.sold_out.store(true, Ordering::Release);
         }
     }
 }
@@ -233,7 +367,13 @@ mod tests {
             version: 1,
             items: items
                 .iter()
-                .map(|(s, n)| (*s, format!("i{s}"), 100, *n))
+                .map(|(s, n)| ItemMeta {
+                    id: *s,
+                    title: format!("i{s}"),
+                    price_cents: 300,
+                    sale_price_cents: 100,
+                    total: *n,
+                })
                 .collect(),
         }
     }
@@ -250,17 +390,34 @@ mod tests {
             ("stock:7", "300"),
             ("title:7", "Phone"),
             ("price:7", "19900"),
+            ("list_price:7", "99900"),
             ("stock:8", "5"),
+            ("price:8", "500"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let m = Meta::parse(1, &f).unwrap();
         assert_eq!(m.shards, 4);
-        assert_eq!(m.items[0], (7, "Phone".into(), 19900, 300));
-        assert_eq!(m.items[1].3, 5);
+        assert_eq!(
+            m.items[0],
+            ItemMeta {
+                id: 7,
+                title: "Phone".into(),
+                price_cents: 99900,
+                sale_price_cents: 19900,
+                total: 300
+            }
+        );
+        assert_eq!(m.items[1].total, 5);
+        // A hash written before `list_price:` existed: the sale price stands in.
+        assert_eq!(m.items[1].price_cents, 500);
         f.remove("start_ms");
         assert!(Meta::parse(1, &f).is_none());
+    }
+
+    fn holders(users: &[&str]) -> Holders {
+        users.iter().map(|u| Box::from(*u)).collect()
     }
 
     #[test]
@@ -269,18 +426,66 @@ mod tests {
         assert!(!c.is_loaded());
         c.replace(vec![meta(1, &[(7, 10), (8, 5)])]);
         assert!(c.is_loaded());
-        c.set_sold_out(1, 7, true);
+        c.set_holders(1, 7, holders(&["alice"]));
         c.replace(vec![meta(1, &[(7, 10), (8, 5)])]);
         let item = c.get(1).unwrap().item(7).cloned().unwrap();
         assert!(item.sold_out.load(Ordering::Relaxed));
+        assert!(item.held_by("alice"));
         c.set_remaining(1, 7, 3);
         assert!(!item.sold_out.load(Ordering::Relaxed));
+        assert!(!item.held_by("alice"));
         assert_eq!(item.remaining.load(Ordering::Relaxed), 3);
+        // An empty read alone does not set the flag: the holders come with it.
         c.set_remaining(1, 7, 0);
-        assert!(item.sold_out.load(Ordering::Relaxed));
+        assert!(!item.sold_out.load(Ordering::Relaxed));
+        assert_eq!(item.remaining.load(Ordering::Relaxed), 0);
         // Unknown ids are ignored.
-        c.set_sold_out(9, 9, true);
+        c.report_sold_out(9, 9, true);
+        c.set_holders(9, 9, holders(&["x"]));
         c.replace(vec![]);
         assert!(c.get(1).is_none());
+    }
+
+    #[test]
+    fn a_sold_out_item_refuses_everyone_but_its_holders() {
+        let c = Catalog::default();
+        c.replace(vec![meta(1, &[(7, 2)])]);
+        let item = c.get(1).unwrap().item(7).cloned().unwrap();
+        assert!(!item.sold_out_for(None));
+        c.set_holders(1, 7, holders(&["alice", "bob"]));
+        assert!(!item.sold_out_for(Some("alice")));
+        assert!(!item.sold_out_for(Some("bob")));
+        assert!(item.sold_out_for(Some("carol")));
+        assert!(item.sold_out_for(None));
+        // A meta change keeps the live state; back on sale drops both.
+        let mut changed = meta(1, &[(7, 2)]);
+        changed.items[0].price_cents = 999;
+        c.replace(vec![changed]);
+        let remade = c.get(1).unwrap().item(7).cloned().unwrap();
+        assert_eq!(remade.price_cents, 999);
+        assert!(remade.sold_out_for(Some("carol")) && !remade.sold_out_for(Some("alice")));
+        c.report_sold_out(1, 7, false);
+        assert!(!remade.sold_out_for(Some("carol")));
+        assert!(!remade.held_by("alice"));
+    }
+
+    #[test]
+    fn a_reported_sell_out_waits_for_the_holders_and_asks_for_a_read() {
+        let c = Catalog::default();
+        c.replace(vec![meta(1, &[(7, 2)])]);
+        let item = c.get(1).unwrap().item(7).cloned().unwrap();
+        c.report_sold_out(1, 7, true);
+        assert!(!item.sold_out.load(Ordering::Relaxed));
+        assert_eq!(item.remaining.load(Ordering::Relaxed), 0);
+        // The permit is stored: the feeds' next wait returns at once.
+        use futures::FutureExt as _;
+        assert!(
+            c.read_wanted().now_or_never().is_some(),
+            "a read was asked for"
+        );
+        assert!(
+            c.read_wanted().now_or_never().is_none(),
+            "one read per report"
+        );
     }
 }

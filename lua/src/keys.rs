@@ -88,10 +88,11 @@ pub mod meta {
     /// Activity version (bumped on every change).
     pub const VERSION: &str = "version";
     /// Prefix of per-item fields: `stock:<s>` total units, `title:<s>`, `price:<s>`
-    /// (sale price, cents).
+    /// (sale price, cents), `list_price:<s>` (list price, cents).
     pub const ITEM_STOCK: &str = "stock:";
     pub const ITEM_TITLE: &str = "title:";
     pub const ITEM_PRICE: &str = "price:";
+    pub const ITEM_LIST_PRICE: &str = "list_price:";
 }
 
 #[cfg(test)]

@@ -110,7 +110,8 @@ pub async fn run_with_metrics(
         config: config.clone(),
     };
     let svc = service::OrderSvc::new(orders, shutdown.clone());
-    let (health, router) = seckill_daemon::serve::router();
+    let (health, router) =
+        seckill_daemon::serve::router(&[seckill_proto::pb::order_service_server::SERVICE_NAME]);
     let router = router.add_service(OrderServiceServer::with_interceptor(
         svc,
         ServiceToken::new(&config.grpc.service_token),

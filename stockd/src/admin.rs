@@ -136,6 +136,10 @@ impl App {
                 format!("{}{}", f::ITEM_PRICE, it.id),
                 it.sale_price_cents.to_string(),
             );
+            m.insert(
+                format!("{}{}", f::ITEM_LIST_PRICE, it.id),
+                it.price_cents.to_string(),
+            );
         }
         self.redis.hset(keys::meta(a), m).await?;
         self.redis.sadd(keys::ACTIVITIES, a.to_string()).await

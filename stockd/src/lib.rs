@@ -93,7 +93,10 @@ pub async fn run_with_metrics(
         ))
     });
 
-    let (health, router) = seckill_daemon::serve::router();
+    let (health, router) = seckill_daemon::serve::router(&[
+        seckill_proto::pb::stock_service_server::SERVICE_NAME,
+        seckill_proto::pb::admin_service_server::SERVICE_NAME,
+    ]);
     let router = router
         .add_service(StockServiceServer::with_interceptor(
             service::StockSvc { app: app.clone() },

@@ -8,8 +8,10 @@
 //! rustls crypto backend (aws-lc, a C build) to the test crate, for a protocol that is
 //! plain JSON to a local chromedriver.
 //!
-//! Needs Debian's `chromium` and `chromium-driver` (`deploy/local/test.sh` installs them);
-//! without them the test prints why it did not run and returns.
+//! Needs Debian's `chromium` and `chromium-driver` (`deploy/local/test.sh` installs them).
+//! In CI (`CI` set to anything but `false` or `0`, as every CI service sets it) a browser
+//! that is missing or cannot be started FAILS the test: a skipped browser test would be a
+//! green run that checked nothing. Outside CI a missing browser only skips, loudly.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,15 @@ fn find_binary(names: &[&str]) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// True when the test runs in CI (`CI=true`, as CI services and `.ci/run` set it): there
+/// a browser that is missing or does not start is a failure, not a skip.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| {
+        let v = v.trim();
+        !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")
+    })
 }
 
 /// chromedriver on a free port; killed on drop.
@@ -77,16 +88,30 @@ impl Driver {
             session: String::new(),
             _profile: profile,
         };
+        let mut ready = false;
         for _ in 0..200 {
             if let Ok(r) = d.http.get(format!("{}/status", d.url)).send().await {
                 if let Ok(v) = r.json::<Value>().await {
                     if v["value"]["ready"] == true {
+                        ready = true;
                         break;
                     }
                 }
             }
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!(
+                    "chromedriver {} exited at start: {status}",
+                    chromedriver.display()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert!(
+            ready,
+            "chromedriver {} never reported ready on {}",
+            chromedriver.display(),
+            d.url
+        );
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -236,10 +261,13 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
         find_binary(&["chromium", "chromium-browser"]),
         find_binary(&["chromedriver"]),
     ) else {
-        eprintln!(
-            "SKIPPED: chromium and chromium-driver are not installed \
-             (apt-get install chromium chromium-driver; deploy/local/test.sh does it)"
+        let why = "chromium and chromium-driver are not installed \
+                   (apt-get install chromium chromium-driver; deploy/local/test.sh does it)";
+        assert!(
+            !in_ci(),
+            "CI is set, so the browser test may not skip: {why}"
         );
+        eprintln!("\n*** SKIPPED the browser test: {why} ***\n");
         return;
     };
 

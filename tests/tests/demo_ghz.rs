@@ -211,3 +211,49 @@ async fn the_ghz_configs_are_valid_json_and_their_calls_exist_in_the_servers_ref
         .expect_err("no such order in a fresh database");
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }
+
+/// Each daemon advertises exactly what it serves: grpcurl and ghz users who list the
+/// services of :50051 must not be sent to an `OrderService` that answers UNIMPLEMENTED
+/// there (and the other way round on :50052).
+#[tokio::test]
+async fn reflection_lists_exactly_the_services_each_daemon_serves() {
+    init_tracing();
+    let redis = RedisCluster::start();
+    let db = TestDb::create().await;
+    let stockd = spawn_stockd(&Deps::new(&redis, &db), |_| {}).await;
+    let orderd = spawn_orderd(&Deps::new(&redis, &db), |_| {}).await;
+
+    let common = [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    let expect = |own: &[&str]| {
+        let mut v: Vec<String> = own.iter().chain(&common).map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let stock_set = expect(&["seckill.v1.StockService", "seckill.v1.AdminService"]);
+    let order_set = expect(&["seckill.v1.OrderService"]);
+    let orderd_addr = orderd.addr_str();
+    for (daemon, addr, want) in [
+        ("stockd", stockd.addr.as_str(), &stock_set),
+        ("orderd", orderd_addr.as_str(), &order_set),
+    ] {
+        let v1 = sorted(grpc::reflection_services_v1(addr).await);
+        assert_eq!(&v1, want, "{daemon}: reflection v1 ListServices");
+        let v1alpha = sorted(grpc::reflection_services_v1alpha(addr).await);
+        assert_eq!(&v1alpha, want, "{daemon}: reflection v1alpha ListServices");
+        // Every listed service resolves: grpcurl `describe` works for each of them.
+        for svc in want {
+            assert!(
+                !files_for(addr, svc).await.is_empty(),
+                "{daemon}: reflection v1 cannot describe {svc}"
+            );
+        }
+    }
+}

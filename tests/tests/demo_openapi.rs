@@ -403,6 +403,47 @@ async fn probe_sse(p: &mut Probe, gw: &GatewayHandle, order: &str, jwt: &str) {
     }
 }
 
+/// The edge's `Activity` object carries the values `AdminService.GetActivity` holds
+/// (window, titles, list and sale prices, stock), field by field.
+async fn same_as_admin(admin: &mut seckill_tests::stockd::AdminClient, edge: &Value) {
+    let id = edge["id"].as_u64().expect("activity id");
+    let held = admin
+        .get_activity(seckill_proto::pb::GetActivityRequest { activity_id: id })
+        .await
+        .expect("AdminService.GetActivity")
+        .into_inner();
+    let want = json!({
+        "id": held.id,
+        "title": held.title,
+        "start_at_ms": held.start_at_ms,
+        "end_at_ms": held.end_at_ms,
+        "items": held.items.iter().map(|i| json!({
+            "id": i.id,
+            "title": i.title,
+            "price_cents": i.price_cents,
+            "sale_price_cents": i.sale_price_cents,
+            "stock": i.stock,
+        })).collect::<Vec<_>>(),
+    });
+    let got = json!({
+        "id": edge["id"],
+        "title": edge["title"],
+        "start_at_ms": edge["start_at_ms"],
+        "end_at_ms": edge["end_at_ms"],
+        "items": edge["items"].as_array().expect("items").iter().map(|i| json!({
+            "id": i["id"],
+            "title": i["title"],
+            "price_cents": i["price_cents"],
+            "sale_price_cents": i["sale_price_cents"],
+            "stock": i["stock"],
+        })).collect::<Vec<_>>(),
+    });
+    assert_eq!(
+        got, want,
+        "the edge's catalog of activity {id} against the admin API"
+    );
+}
+
 #[tokio::test]
 async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     init_tracing();
@@ -427,7 +468,7 @@ async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     let Stack {
         redis: _redis,
         db: _db,
-        stockd: _stockd,
+        stockd,
         orderd,
     } = stack;
     wait_ready(&gw).await;
@@ -456,10 +497,20 @@ async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     // Activities.
     let r = p.call(Method::GET, "/api/v1/activities", None, None).await;
     p.expect(&r, 200, None, "list activities");
+    // Values, not only shapes: the edge's catalog says what the admin API holds.
+    let mut admin = stockd.admin_client().await;
+    for held in [&open, &later] {
+        let listed = r.body["activities"]
+            .as_array()
+            .and_then(|all| all.iter().find(|x| x["id"] == held.id))
+            .unwrap_or_else(|| panic!("activity {} not listed: {}", held.id, r.body));
+        same_as_admin(&mut admin, listed).await;
+    }
     let r = p
         .call(Method::GET, &format!("/api/v1/activities/{a}"), None, None)
         .await;
     p.expect(&r, 200, None, "get activity");
+    same_as_admin(&mut admin, &r.body["activity"]).await;
     let r = p
         .call(Method::GET, "/api/v1/activities/999999", None, None)
         .await;

@@ -1,8 +1,7 @@
 //! The sale window, after authentication: token and reserve routes need a known
-//! activity and item, inside the window, not sold out; the item found is kept in the
-//! context for the admission cap.
-
-use std::sync::atomic::Ordering;
+//! activity and item, inside the window, not sold out (but to the authenticated user
+//! who holds a unit: their resend gets their reservation back); the item found is
+//! kept in the context for the admission cap.
 
 use super::{Cx, Filter, Flow};
 use crate::answer::Refusal;
@@ -37,7 +36,7 @@ impl Filter for Window {
         if now >= act.end_ms {
             return Flow::Stop(Refusal::Ended);
         }
-        if item.sold_out.load(Ordering::Relaxed) {
+        if item.sold_out_for(cx.user.as_deref()) {
             return Flow::Stop(Refusal::SoldOut);
         }
         cx.item = Some(item);

@@ -108,7 +108,7 @@ impl Gateway {
                 self.refuse(session, ctx, Refusal::Duplicate(rid)).await
             }
             Ok((Reserve::SoldOut, _)) => {
-                shared.catalog.set_sold_out(a, s, true);
+                shared.catalog.report_sold_out(a, s, true);
                 self.refuse(session, ctx, Refusal::SoldOut).await
             }
             Ok((Reserve::NotStarted { start_at_ms }, _)) => {
