@@ -4,7 +4,6 @@
 //! (metrics, access log), shared by the pipeline and the fast lane.
 
 use std::net::IpAddr;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -19,6 +18,7 @@ use crate::purchase_token::PurchaseTokens;
 use crate::rate_limit::RateLimiter;
 use crate::routes::RouteClass;
 use crate::sold_out::Catalog;
+use crate::upstream::Fleets;
 
 /// The reloadable part of the config, with its CIDR lists parsed.
 pub struct Compiled {
@@ -54,8 +54,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub prebuilt: Prebuilt,
     start: Instant,
-    /// Set by the health checks of stockd and orderd.
-    pub backends_ready: AtomicBool,
+    /// The stockd and orderd endpoints and their health marks.
+    pub upstreams: Fleets,
 }
 
 impl Shared {
@@ -74,10 +74,10 @@ impl Shared {
                 &cfg.auth.purchase_token_secret,
                 cfg.auth.purchase_token_ttl_secs,
             ),
-            metrics,
             prebuilt: Prebuilt::new(),
             start: Instant::now(),
-            backends_ready: AtomicBool::new(false),
+            upstreams: Fleets::new(&cfg.upstreams, &metrics),
+            metrics,
             cfg,
         })
     }
