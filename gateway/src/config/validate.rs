@@ -429,6 +429,17 @@ mod tests {
     }
 
     #[test]
+    fn the_environment_sets_an_upstream_list_as_toml() {
+        let env = vec![(
+            "GATEWAY__UPSTREAMS__ORDERD".to_string(),
+            r#"["http://10.0.0.1:50052", "http://10.0.0.2:50052"]"#.to_string(),
+        )];
+        let c =
+            seckill_daemon::config::load_str::<Config>(MINIMAL, "g.toml", ENV_PREFIX, env).unwrap();
+        assert_eq!(c.upstreams.orderd.len(), 2);
+    }
+
+    #[test]
     fn an_empty_bad_or_repeated_upstream_list_is_named() {
         for (stockd, starts, says) in [
             ("[]", "upstreams.stockd: ", "at least one"),
