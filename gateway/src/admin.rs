@@ -1,6 +1,7 @@
 //! The loopback admin port: `GET /metrics` (Prometheus text), `GET /healthz` (the
-//! process answers) and `GET /readyz` (activities loaded from Redis and stockd and
-//! orderd answering their health checks; 503 with the reason otherwise).
+//! process answers) and `GET /readyz` (activities loaded from Redis and at least one
+//! endpoint of stockd and one of orderd marked healthy by its health loop; 503 with the
+//! reason otherwise).
 
 use crate::shared::Shared;
 use async_trait::async_trait;
@@ -8,7 +9,6 @@ use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use prometheus::Encoder;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub struct Admin {
@@ -45,19 +45,20 @@ impl ServeHttp for Admin {
             "/healthz" => text(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let loaded = self.shared.catalog.is_loaded();
-                let backends = self.shared.backends_ready.load(Ordering::Acquire);
-                match (loaded, backends) {
-                    (true, true) => text(200, "text/plain", b"ready\n".to_vec()),
-                    (false, _) => text(
+                let u = &self.shared.upstreams;
+                match (loaded, u.stockd.any_healthy(), u.orderd.any_healthy()) {
+                    (true, true, true) => text(200, "text/plain", b"ready\n".to_vec()),
+                    (false, _, _) => text(
                         503,
                         "text/plain",
                         b"activities not loaded from Redis\n".to_vec(),
                     ),
-                    (true, false) => text(
-                        503,
-                        "text/plain",
-                        b"stockd or orderd not serving\n".to_vec(),
-                    ),
+                    (true, false, _) => {
+                        text(503, "text/plain", b"no stockd endpoint serving\n".to_vec())
+                    }
+                    (true, true, false) => {
+                        text(503, "text/plain", b"no orderd endpoint serving\n".to_vec())
+                    }
                 }
             }
             _ => text(404, "text/plain", b"not found\n".to_vec()),

@@ -1,18 +1,24 @@
-//! Forwarding the survivors over gRPC (the handlers' client). `reserve` → `StockService.Reserve`;
-//! orders → `OrderService` (get, list, watch, pay, cancel, payment callback).
+//! Forwarding the survivors over gRPC (the handlers' client). `reserve` →
+//! `StockService.Reserve`; orders → `OrderService` (get, list, watch, pay, cancel,
+//! payment callback).
 //!
-//! Channels are pooled by tonic (one HTTP/2 connection per upstream, multiplexed) and
-//! created lazily on the proxy's runtime. Every unary call runs under the configured
-//! deadline, so a dead or hung backend costs at most that and answers 503 with
+//! One channel per endpoint of each fleet (`[upstreams] stockd`, `orderd`), pooled by
+//! tonic (one HTTP/2 connection per endpoint, multiplexed) and created lazily on the
+//! proxy's runtime. Every call goes through [`Fleet::call`]: round-robin over the
+//! healthy endpoints, failover on a transport error or `UNAVAILABLE`, the whole under
+//! the configured deadline (`upstream/mod.rs` says why a second try is safe for each
+//! call here). A dead or hung fleet costs at most the deadline and answers 503 with
 //! `Retry-After`; gRPC codes map to the HTTP statuses of `docs/http-api.md`.
 
 use crate::answer::Refusal;
 use crate::config::Upstreams;
+use crate::upstream::{Fleet, Fleets};
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb;
 use seckill_proto::pb::order_service_client::OrderServiceClient;
 use seckill_proto::pb::stock_service_client::StockServiceClient;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -21,11 +27,13 @@ use tonic::Code;
 type Stock = StockServiceClient<InterceptedService<Channel, AttachToken>>;
 type Orders = OrderServiceClient<InterceptedService<Channel, AttachToken>>;
 
-/// The gRPC clients of one runtime.
+/// The gRPC clients of one runtime: one per endpoint, in the fleets' order.
 #[derive(Clone)]
 pub struct Clients {
-    stock: Stock,
-    orders: Orders,
+    stock: Arc<[Stock]>,
+    orders: Arc<[Orders]>,
+    stock_fleet: Arc<Fleet>,
+    order_fleet: Arc<Fleet>,
     reserve_deadline: Duration,
     order_deadline: Duration,
     retry_after: u64,
@@ -51,13 +59,44 @@ fn endpoint(url: &str, u: &Upstreams) -> anyhow::Result<Channel> {
         .connect_lazy())
 }
 
+/// A request carrying `d` as its gRPC deadline (`grpc-timeout`).
+fn req<T>(msg: T, d: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(d);
+    r
+}
+
 impl Clients {
     /// Must run inside a tokio runtime (channels spawn their workers there).
-    pub fn new(u: &Upstreams) -> anyhow::Result<Self> {
+    pub fn new(u: &Upstreams, fleets: &Fleets) -> anyhow::Result<Self> {
         let token = AttachToken::new(&u.service_token).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let stock = fleets
+            .stockd
+            .endpoints()
+            .iter()
+            .map(|e| {
+                Ok(StockServiceClient::with_interceptor(
+                    endpoint(&e.url, u)?,
+                    token.clone(),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let orders = fleets
+            .orderd
+            .endpoints()
+            .iter()
+            .map(|e| {
+                Ok(OrderServiceClient::with_interceptor(
+                    endpoint(&e.url, u)?,
+                    token.clone(),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
-            stock: StockServiceClient::with_interceptor(endpoint(&u.stockd, u)?, token.clone()),
-            orders: OrderServiceClient::with_interceptor(endpoint(&u.orderd, u)?, token),
+            stock,
+            orders,
+            stock_fleet: fleets.stockd.clone(),
+            order_fleet: fleets.orderd.clone(),
             reserve_deadline: Duration::from_millis(u.reserve_deadline_ms),
             order_deadline: Duration::from_millis(u.order_deadline_ms),
             retry_after: u.retry_after_secs,
@@ -77,22 +116,7 @@ impl Clients {
         }
     }
 
-    async fn deadline<T>(
-        d: Duration,
-        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T, tonic::Status> {
-        match tokio::time::timeout(d, call).await {
-            Ok(r) => r.map(tonic::Response::into_inner),
-            Err(_) => Err(tonic::Status::deadline_exceeded("upstream deadline")),
-        }
-    }
-
-    fn req<T>(&self, msg: T, d: Duration) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        r.set_timeout(d);
-        r
-    }
-
+    /// Safe to try on a second stockd: the same request id answers the same reservation.
     pub async fn reserve(
         &self,
         a: u64,
@@ -100,18 +124,18 @@ impl Clients {
         user: &str,
         request_id: &str,
     ) -> Result<(Reserve, i64), tonic::Status> {
-        let mut c = self.stock.clone();
-        let msg = pb::ReserveRequest {
-            activity_id: a,
-            item_id: s,
-            user_id: user.to_string(),
-            request_id: request_id.to_string(),
-        };
-        let r = Self::deadline(
-            self.reserve_deadline,
-            c.reserve(self.req(msg, self.reserve_deadline)),
-        )
-        .await?;
+        let r = self
+            .stock_fleet
+            .call(&self.stock, self.reserve_deadline, |mut c, left| {
+                let msg = pb::ReserveRequest {
+                    activity_id: a,
+                    item_id: s,
+                    user_id: user.to_string(),
+                    request_id: request_id.to_string(),
+                };
+                async move { c.reserve(req(msg, left)).await }
+            })
+            .await?;
         use pb::ReserveOutcome as O;
         let outcome = match O::try_from(r.outcome).unwrap_or(O::Unspecified) {
             O::Reserved => Reserve::Reserved(r.reservation_id),
@@ -127,84 +151,91 @@ impl Clients {
         Ok((outcome, r.remaining_hint))
     }
 
+    /// A read: safe on any orderd.
     pub async fn get_order(&self, id: &str, user: &str) -> Result<pb::Order, tonic::Status> {
-        let mut c = self.orders.clone();
-        let msg = pb::GetOrderRequest {
-            order_id: id.to_string(),
-            user_id: user.to_string(),
-        };
-        Self::deadline(
-            self.order_deadline,
-            c.get_order(self.req(msg, self.order_deadline)),
-        )
-        .await
+        self.order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, left| {
+                let msg = pb::GetOrderRequest {
+                    order_id: id.to_string(),
+                    user_id: user.to_string(),
+                };
+                async move { c.get_order(req(msg, left)).await }
+            })
+            .await
     }
 
+    /// A read: safe on any orderd.
     pub async fn list_orders(&self, user: &str) -> Result<Vec<pb::Order>, tonic::Status> {
-        let mut c = self.orders.clone();
-        let msg = pb::ListOrdersRequest {
-            user_id: user.to_string(),
-            page_size: 100,
-            page_token: String::new(),
-        };
-        Ok(Self::deadline(
-            self.order_deadline,
-            c.list_orders(self.req(msg, self.order_deadline)),
-        )
-        .await?
-        .orders)
+        let r = self
+            .order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, left| {
+                let msg = pb::ListOrdersRequest {
+                    user_id: user.to_string(),
+                    page_size: 100,
+                    page_token: String::new(),
+                };
+                async move { c.list_orders(req(msg, left)).await }
+            })
+            .await?;
+        Ok(r.orders)
     }
 
+    /// `PENDING → PAID` is conditional: a second try of an applied pay answers `already`.
     pub async fn pay(&self, id: &str, user: &str) -> Result<pb::OrderChange, tonic::Status> {
-        let mut c = self.orders.clone();
-        let msg = pb::PayRequest {
-            order_id: id.to_string(),
-            user_id: user.to_string(),
-        };
-        Self::deadline(
-            self.order_deadline,
-            c.pay(self.req(msg, self.order_deadline)),
-        )
-        .await
+        self.order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, left| {
+                let msg = pb::PayRequest {
+                    order_id: id.to_string(),
+                    user_id: user.to_string(),
+                };
+                async move { c.pay(req(msg, left)).await }
+            })
+            .await
     }
 
+    /// `PENDING → CANCELLED` is conditional, as [`Self::pay`].
     pub async fn cancel(&self, id: &str, user: &str) -> Result<pb::OrderChange, tonic::Status> {
-        let mut c = self.orders.clone();
-        let msg = pb::CancelRequest {
-            order_id: id.to_string(),
-            user_id: user.to_string(),
-        };
-        Self::deadline(
-            self.order_deadline,
-            c.cancel(self.req(msg, self.order_deadline)),
-        )
-        .await
+        self.order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, left| {
+                let msg = pb::CancelRequest {
+                    order_id: id.to_string(),
+                    user_id: user.to_string(),
+                };
+                async move { c.cancel(req(msg, left)).await }
+            })
+            .await
     }
 
+    /// Conditional, as [`Self::pay`] (and keyed by the provider's reference).
     pub async fn payment_callback(
         &self,
         msg: pb::PaymentCallbackRequest,
     ) -> Result<pb::OrderChange, tonic::Status> {
-        let mut c = self.orders.clone();
-        Self::deadline(
-            self.order_deadline,
-            c.payment_callback(self.req(msg, self.order_deadline)),
-        )
-        .await
+        self.order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, left| {
+                let msg = msg.clone();
+                async move { c.payment_callback(req(msg, left)).await }
+            })
+            .await
     }
 
-    /// Opens the order's state stream (the first message is the current state).
+    /// Opens the order's state stream (the first message is the current state). Only
+    /// the opening fails over and runs under the deadline; the stream then lives on the
+    /// endpoint that opened it.
     pub async fn watch(
         &self,
         id: &str,
         user: &str,
     ) -> Result<tonic::Streaming<pb::Order>, tonic::Status> {
-        let mut c = self.orders.clone();
-        let msg = pb::GetOrderRequest {
-            order_id: id.to_string(),
-            user_id: user.to_string(),
-        };
-        Self::deadline(self.order_deadline, c.watch_order(tonic::Request::new(msg))).await
+        self.order_fleet
+            .call(&self.orders, self.order_deadline, |mut c, _| {
+                let msg = pb::GetOrderRequest {
+                    order_id: id.to_string(),
+                    user_id: user.to_string(),
+                };
+                async move { c.watch_order(tonic::Request::new(msg)).await }
+            })
+            .await
     }
 }
 

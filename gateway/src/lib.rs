@@ -12,10 +12,12 @@
 //!   [`ip_ban`], [`rate_limit`], [`sold_out`] (the catalog), [`auth`] (JWT),
 //!   [`purchase_token`], [`admission`] (the in-flight cap).
 //! - [`forward`]: gRPC clients and the mapping of gRPC answers to HTTP.
+//! - [`upstream`]: the stockd and orderd fleets: health loops, endpoint choice,
+//!   failover.
 //! - [`answer`]: the refusals with their stable codes, canned where hot.
 //! - [`deadline`]: the total read deadline per request (slow clients).
 //! - [`fast_lane`]: the hot refusals of plain HTTP/1.1 written before pingora's session.
-//! - [`redis`]: background feeds (activities, stock, sold-out, bans, health).
+//! - [`redis`]: background feeds (activities, stock, sold-out, bans).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`. [`metrics`]: the registry.
 //! - [`config`]: the TOML file. [`run`]: builds the pingora server and runs it.
 #![forbid(unsafe_code)]
@@ -39,6 +41,7 @@ pub mod redis;
 pub mod routes;
 pub mod shared;
 pub mod sold_out;
+pub mod upstream;
 
 /// The TOML crate the config is written in, for tools and tests that generate configs.
 pub use toml;
@@ -144,6 +147,10 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     server.add_service(background_service(
         "redis feeds",
         redis::Feeds::new(shared.clone(), announce_rx),
+    ));
+    server.add_service(background_service(
+        "upstream health",
+        upstream::Health::new(shared.clone()),
     ));
     server.add_service(background_service(
         "sighup reload",

@@ -1,12 +1,13 @@
 //! Prometheus metrics, registered in a [`Metrics`] value passed in (not a global):
 //! decisions by outcome and route, latency histograms by outcome, upstream errors,
-//! tracked buckets. Counters for every (route, outcome) pair are resolved once, so a
+//! upstream health and failovers, tracked buckets. Counters for every (route, outcome) pair are resolved once, so a
 //! request costs two atomic adds and no label hashing.
 
 use crate::answer::Outcome;
 use crate::routes::RouteClass;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 pub struct Metrics {
@@ -14,6 +15,8 @@ pub struct Metrics {
     decisions: Vec<IntCounter>,
     latency: Vec<Histogram>,
     upstream_errors: IntCounterVec,
+    upstream_healthy: IntGaugeVec,
+    upstream_failovers: IntCounterVec,
     pub tracked_ips: IntGauge,
     pub auto_bans: IntCounter,
     pub catalog_refresh_errors: IntCounter,
@@ -52,6 +55,22 @@ impl Metrics {
             &["upstream", "code"],
         )
         .expect("metric");
+        let upstream_healthy = IntGaugeVec::new(
+            Opts::new(
+                "gateway_upstream_healthy",
+                "1 while an upstream endpoint is marked healthy (health check or last call), else 0",
+            ),
+            &["service", "endpoint"],
+        )
+        .expect("metric");
+        let upstream_failovers = IntCounterVec::new(
+            Opts::new(
+                "gateway_upstream_failovers_total",
+                "Calls tried again on another endpoint after a transport error or UNAVAILABLE",
+            ),
+            &["service"],
+        )
+        .expect("metric");
         let tracked_ips =
             IntGauge::new("gateway_tracked_ips", "Per-IP token buckets held").expect("metric");
         let auto_bans = IntCounter::new("gateway_auto_bans_total", "IPs banned by the auto-ban")
@@ -65,6 +84,8 @@ impl Metrics {
             Box::new(decisions_vec.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency_vec.clone()),
             Box::new(upstream_errors.clone()),
+            Box::new(upstream_healthy.clone()),
+            Box::new(upstream_failovers.clone()),
             Box::new(tracked_ips.clone()),
             Box::new(auto_bans.clone()),
             Box::new(catalog_refresh_errors.clone()),
@@ -86,6 +107,8 @@ impl Metrics {
             decisions,
             latency,
             upstream_errors,
+            upstream_healthy,
+            upstream_failovers,
             tracked_ips,
             auto_bans,
             catalog_refresh_errors,
@@ -101,6 +124,25 @@ impl Metrics {
         self.upstream_errors
             .with_label_values(&[upstream, &format!("{code:?}")])
             .inc();
+    }
+
+    /// The health gauge of one endpoint (resolved once, by `upstream::Fleet`).
+    pub fn upstream_healthy(&self, service: &str, endpoint: &str) -> IntGauge {
+        self.upstream_healthy
+            .with_label_values(&[service, endpoint])
+    }
+
+    /// The failover counter of one service (resolved once, by `upstream::Fleet`).
+    pub fn upstream_failovers(&self, service: &str) -> IntCounter {
+        self.upstream_failovers.with_label_values(&[service])
+    }
+
+    /// The registry in Prometheus text (the `/metrics` body).
+    pub fn text(&self) -> Result<String, prometheus::Error> {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 }
 

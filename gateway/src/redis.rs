@@ -13,7 +13,6 @@
 //! - follows `keys::SOLD_OUT_CHANNEL` and `keys::BANS_CHANNEL`, and reloads
 //!   `HGETALL keys::BANS` with the activities;
 //! - writes our auto-bans (HSET + PUBLISH) and drops expired bans from the hash;
-//! - checks that stockd and orderd answer gRPC health (for `/readyz`);
 //! - sweeps idle token buckets.
 
 use crate::shared::Shared;
@@ -27,7 +26,6 @@ use seckill_lua::clock::unix_ms;
 use seckill_lua::keys;
 use seckill_lua::messages::{BanChange, SoldOut};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Mutex};
@@ -248,17 +246,6 @@ fn on_message(shared: &Shared, msg: &fred::types::Message, reload: &tokio::sync:
     }
 }
 
-async fn health_ok(ch: &tonic::transport::Channel) -> bool {
-    let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
-    let call = h.check(tonic_health::pb::HealthCheckRequest {
-        service: String::new(),
-    });
-    matches!(
-        tokio::time::timeout(Duration::from_secs(1), call).await,
-        Ok(Ok(r)) if r.get_ref().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    )
-}
-
 #[async_trait]
 impl BackgroundService for Feeds {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -318,27 +305,6 @@ impl BackgroundService for Feeds {
             {
                 tracing::warn!(error = %e, "subscribe failed; relying on polling");
             }
-        }
-        // Health checks of the backends.
-        {
-            let shared2 = shared.clone();
-            let up = shared.cfg.upstreams.clone();
-            tokio::spawn(async move {
-                let mk = |u: &str| {
-                    tonic::transport::Endpoint::from_shared(u.to_string()).map(|e| {
-                        e.connect_timeout(Duration::from_millis(up.connect_timeout_ms))
-                            .connect_lazy()
-                    })
-                };
-                let (Ok(s), Ok(o)) = (mk(&up.stockd), mk(&up.orderd)) else {
-                    return;
-                };
-                loop {
-                    let ok = health_ok(&s).await && health_ok(&o).await;
-                    shared2.backends_ready.store(ok, Ordering::Release);
-                    tokio::time::sleep(Duration::from_millis(if ok { 2000 } else { 200 })).await;
-                }
-            });
         }
         let mut refresh = tokio::time::interval(Duration::from_millis(cfg.refresh_ms));
         let mut poll = tokio::time::interval(Duration::from_millis(cfg.stock_poll_ms));

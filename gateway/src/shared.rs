@@ -20,6 +20,7 @@ use crate::purchase_token::PurchaseTokens;
 use crate::rate_limit::RateLimiter;
 use crate::routes::RouteClass;
 use crate::sold_out::Catalog;
+use crate::upstream::Fleets;
 
 /// The reloadable part of the config, with its CIDR lists parsed.
 pub struct Compiled {
@@ -58,8 +59,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub prebuilt: Prebuilt,
     start: Instant,
-    /// Set by the health checks of stockd and orderd.
-    pub backends_ready: AtomicBool,
+    /// The stockd and orderd endpoints and their health marks.
+    pub upstreams: Fleets,
 }
 
 impl Shared {
@@ -79,10 +80,10 @@ impl Shared {
                 &cfg.auth.purchase_token_secret,
                 cfg.auth.purchase_token_ttl_secs,
             ),
-            metrics,
             prebuilt: Prebuilt::new(),
             start: Instant::now(),
-            backends_ready: AtomicBool::new(false),
+            upstreams: Fleets::new(&cfg.upstreams, &metrics),
+            metrics,
             cfg,
         })
     }

@@ -140,14 +140,18 @@ pub struct Redis {
     pub timeout_ms: u64,
 }
 
-/// stockd and orderd over gRPC.
+/// stockd and orderd over gRPC: one endpoint or a fleet of each (`upstream/` spreads
+/// the calls over the healthy ones and fails over within the deadline).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Upstreams {
-    /// stockd gRPC URL, for example `http://127.0.0.1:50051`. Required.
-    pub stockd: String,
-    /// orderd gRPC URL, for example `http://127.0.0.1:50052`. Required.
-    pub orderd: String,
+    /// stockd gRPC URL, or a list of them (a fleet), for example
+    /// `"http://127.0.0.1:50051"` or `["http://10.0.0.1:50051", "http://10.0.0.2:50051"]`.
+    /// At most 64, no duplicates. Required.
+    pub stockd: Urls,
+    /// orderd gRPC URL or list of URLs, as `stockd`, for example
+    /// `"http://127.0.0.1:50052"`. Required.
+    pub orderd: Urls,
     /// Service token sent as `authorization: Bearer <token>`. Required, never logged.
     pub service_token: String,
     /// TCP connect timeout, milliseconds. Default 300.
@@ -162,6 +166,59 @@ pub struct Upstreams {
     /// `Retry-After` seconds on 503. Default 1.
     #[serde(default = "one")]
     pub retry_after_secs: u64,
+    /// Milliseconds between two gRPC health checks (`grpc.health.v1` `Check`, service
+    /// "") of each endpoint; a check marks the endpoint healthy (SERVING) or not. A call
+    /// failing with a transport error or `UNAVAILABLE` marks it down at once. Default 500.
+    #[serde(default = "d_health_interval")]
+    pub health_interval_ms: u64,
+    /// Timeout of one health check, milliseconds (connect included); no answer in time
+    /// marks the endpoint down. Default 1000.
+    #[serde(default = "d_health_timeout")]
+    pub health_timeout_ms: u64,
+}
+
+/// The most endpoints of one service (the failover loop tracks the endpoints a call
+/// has tried in one `u64`).
+pub const MAX_ENDPOINTS: usize = 64;
+
+/// One URL or a list of them: `stockd = "http://a:50051"` is `stockd = ["http://a:50051"]`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Urls(pub Vec<String>);
+
+impl std::ops::Deref for Urls {
+    type Target = [String];
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl From<&str> for Urls {
+    fn from(url: &str) -> Self {
+        Self(vec![url.to_string()])
+    }
+}
+
+impl<'de> Deserialize<'de> for Urls {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Urls;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a URL or a list of URLs")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Urls, E> {
+                Ok(Urls::from(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Urls, A::Error> {
+                let mut urls = Vec::new();
+                while let Some(u) = seq.next_element::<String>()? {
+                    urls.push(u);
+                }
+                Ok(Urls(urls))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// The JWT signature algorithm.
@@ -385,6 +442,12 @@ fn d_reserve_deadline() -> u64 {
 }
 fn d_order_deadline() -> u64 {
     2000
+}
+fn d_health_interval() -> u64 {
+    500
+}
+fn d_health_timeout() -> u64 {
+    1000
 }
 fn d_leeway() -> u64 {
     5

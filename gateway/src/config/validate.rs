@@ -47,6 +47,36 @@ fn check_url(u: &str, field: &str) -> Result<(), FieldError> {
     )
 }
 
+/// At least one URL and at most [`MAX_ENDPOINTS`], each valid, none twice; the
+/// one-URL spelling names the field bare, a list names the entry (`field[1]`).
+fn check_urls(urls: &Urls, field: &str) -> Result<(), FieldError> {
+    ensure(!urls.is_empty(), field, "needs at least one URL")?;
+    ensure(
+        urls.len() <= MAX_ENDPOINTS,
+        field,
+        format!("at most {MAX_ENDPOINTS} URLs"),
+    )?;
+    if let [one] = &urls[..] {
+        return check_url(one, field);
+    }
+    for (i, u) in urls.iter().enumerate() {
+        let entry = format!("{field}[{i}]");
+        check_url(u, &entry)?;
+        if let Some(j) = urls[..i].iter().position(|v| same_url(v, u)) {
+            return Err(FieldError::new(
+                entry,
+                format!("`{u}` is already {field}[{j}]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The same endpoint, trailing slash or not.
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
 fn check_addr(a: &str, field: &str) -> Result<(), FieldError> {
     ensure(
         a.rsplit_once(':')
@@ -121,8 +151,8 @@ impl Validate for Config {
         ensure(r.timeout_ms >= 1, "redis.timeout_ms", "must be at least 1")?;
 
         let u = &self.upstreams;
-        check_url(&u.stockd, "upstreams.stockd")?;
-        check_url(&u.orderd, "upstreams.orderd")?;
+        check_urls(&u.stockd, "upstreams.stockd")?;
+        check_urls(&u.orderd, "upstreams.orderd")?;
         ensure(
             !u.service_token.is_empty() && u.service_token.bytes().all(|b| b.is_ascii_graphic()),
             "upstreams.service_token",
@@ -141,6 +171,16 @@ impl Validate for Config {
         ensure(
             u.order_deadline_ms >= 1,
             "upstreams.order_deadline_ms",
+            "must be at least 1",
+        )?;
+        ensure(
+            u.health_interval_ms >= 10,
+            "upstreams.health_interval_ms",
+            "must be at least 10",
+        )?;
+        ensure(
+            u.health_timeout_ms >= 1,
+            "upstreams.health_timeout_ms",
             "must be at least 1",
         )?;
 
@@ -370,6 +410,65 @@ mod tests {
             e.contains("server.tls_key_path: required with tls_listen"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_upstream_is_one_url_or_a_list_of_them() {
+        let c = load(MINIMAL).unwrap();
+        assert_eq!(&c.upstreams.stockd[..], ["http://127.0.0.1:50051"]);
+        assert_eq!(c.upstreams.health_interval_ms, 500);
+        let c = load(&MINIMAL.replace(
+            "stockd = \"http://127.0.0.1:50051\"",
+            "stockd = [\"http://127.0.0.1:50051\", \"http://127.0.0.1:50061\"]",
+        ))
+        .unwrap();
+        assert_eq!(
+            &c.upstreams.stockd[..],
+            ["http://127.0.0.1:50051", "http://127.0.0.1:50061"]
+        );
+    }
+
+    #[test]
+    fn the_environment_sets_an_upstream_list_as_toml() {
+        let env = vec![(
+            "GATEWAY__UPSTREAMS__ORDERD".to_string(),
+            r#"["http://10.0.0.1:50052", "http://10.0.0.2:50052"]"#.to_string(),
+        )];
+        let c =
+            seckill_daemon::config::load_str::<Config>(MINIMAL, "g.toml", ENV_PREFIX, env).unwrap();
+        assert_eq!(c.upstreams.orderd.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_bad_or_repeated_upstream_list_is_named() {
+        for (stockd, starts, says) in [
+            ("[]", "upstreams.stockd: ", "at least one"),
+            ("\"127.0.0.1:50051\"", "upstreams.stockd: ", "http://"),
+            (
+                "[\"http://127.0.0.1:50051\", \"nope\"]",
+                "upstreams.stockd[1]: ",
+                "http://",
+            ),
+            (
+                "[\"http://a:1\", \"http://b:1\", \"http://a:1/\"]",
+                "upstreams.stockd[2]: ",
+                "already upstreams.stockd[0]",
+            ),
+            ("7", "upstreams.stockd", "a URL or a list of URLs"),
+        ] {
+            let e = load(&MINIMAL.replace(
+                "stockd = \"http://127.0.0.1:50051\"",
+                &format!("stockd = {stockd}"),
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with(&format!("g.toml: {starts}")), "{stockd}: {e}");
+            assert!(e.contains(says), "{stockd}: {e}");
+        }
+        let e = load(&MINIMAL.replace("service_token", "health_interval_ms = 0\nservice_token"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstreams.health_interval_ms"), "{e}");
     }
 
     #[test]

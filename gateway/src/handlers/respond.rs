@@ -16,7 +16,7 @@ impl Gateway {
     pub(crate) async fn clients(&self) -> Result<&Clients> {
         self.clients
             .get_or_try_init(|| async {
-                Clients::new(&self.shared.cfg.upstreams)
+                Clients::new(&self.shared.cfg.upstreams, &self.shared.upstreams)
                     .map_err(|e| Error::explain(ErrorType::InternalError, e.to_string()))
             })
             .await

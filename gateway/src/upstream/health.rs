@@ -1,0 +1,97 @@
+//! [`Health`]: a pingora background service running one loop per stockd and orderd
+//! endpoint. Every `upstreams.health_interval_ms` it asks `grpc.health.v1.Health/Check`
+//! (service "", the server as a whole) on a channel of its own, bounded by
+//! `upstreams.health_timeout_ms`, and marks the endpoint healthy when the answer is
+//! SERVING, down otherwise (no answer, an error, NOT_SERVING).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use super::Fleet;
+use crate::shared::Shared;
+
+/// The health loops of every endpoint of both fleets.
+pub struct Health {
+    shared: Arc<Shared>,
+}
+
+impl Health {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+/// The timings of one loop.
+#[derive(Clone, Copy)]
+struct Timing {
+    interval: Duration,
+    timeout: Duration,
+    connect: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Health {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        let u = &self.shared.cfg.upstreams;
+        let timing = Timing {
+            interval: Duration::from_millis(u.health_interval_ms),
+            timeout: Duration::from_millis(u.health_timeout_ms),
+            connect: Duration::from_millis(u.connect_timeout_ms.min(u.health_timeout_ms)),
+        };
+        let mut loops = tokio::task::JoinSet::new();
+        for fleet in [&self.shared.upstreams.stockd, &self.shared.upstreams.orderd] {
+            for i in 0..fleet.endpoints().len() {
+                loops.spawn(watch(fleet.clone(), i, timing, shutdown.clone()));
+            }
+        }
+        while loops.join_next().await.is_some() {}
+    }
+}
+
+async fn watch(fleet: Arc<Fleet>, i: usize, t: Timing, mut shutdown: ShutdownWatch) {
+    let url = fleet.endpoints()[i].url.clone();
+    // The URL was validated with the config; a failure here is a bug, logged once.
+    let channel = match Endpoint::from_shared(url.clone()) {
+        Ok(e) => e
+            .connect_timeout(t.connect)
+            .tcp_nodelay(true)
+            .connect_lazy(),
+        Err(e) => {
+            tracing::error!(service = fleet.service(), endpoint = %url, error = %e, "bad upstream URL; never checked");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(t.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let ok = tokio::select! {
+            _ = shutdown.changed() => return,
+            ok = check(&channel, t.timeout) => ok,
+        };
+        fleet.mark(i, ok);
+    }
+}
+
+/// True when the server answers SERVING within `timeout`.
+async fn check(channel: &Channel, timeout: Duration) -> bool {
+    let mut h = HealthClient::new(channel.clone());
+    let call = h.check(HealthCheckRequest {
+        service: String::new(),
+    });
+    matches!(
+        tokio::time::timeout(timeout, call).await,
+        Ok(Ok(r)) if r.get_ref().status == ServingStatus::Serving as i32
+    )
+}
