@@ -225,6 +225,17 @@ impl StockdProcess {
         self.child.kill();
     }
 
+    /// Kills the process (if it runs) and starts it again with the same config file, on
+    /// the same ports, as a service manager would; waits until it serves.
+    pub async fn restart(&mut self) {
+        self.child.kill();
+        let mut cmd = std::process::Command::new(workspace_bin("stockd"));
+        cmd.arg("-c").arg(self.dir.path().join("stockd.toml"));
+        self.child = ChildGuard::spawn("stockd", cmd, &self.dir.path().join("stockd.log"))
+            .expect("respawn stockd");
+        wait_serving(&self.addr).await;
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stockd.log")).unwrap_or_default()
