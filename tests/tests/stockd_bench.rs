@@ -42,7 +42,7 @@ use seckill_lua::calls::ReserveCall;
 use seckill_lua::home_shard;
 use seckill_lua::scripts;
 use seckill_proto::pb;
-use seckill_tests::redis::{request_id, user_id};
+use seckill_tests::redis::{request_id, user_id, Persistence};
 use seckill_tests::stockd::{
     create_published_activity_with, merge_toml, spawn_stockd_process, stock_client, StockdProcess,
 };
@@ -551,4 +551,100 @@ async fn bench_reserve_over_grpc_versus_the_lua_script_called_directly() {
     }
     println!("\nresults: {dir}/stockd.tsv");
     println!("reproduce: deploy/bench/stockd.sh");
+}
+
+/// The cost of `redis.replica_acks` (issue 13): on a Redis Cluster of 3 masters with a
+/// replica each (AOF everysec on all), Reserve over gRPC from a stockd that waits for a
+/// replica (`WAIT 1`, one per group-commit call) against one that does not, alternating
+/// rounds, same load generator. The anchor here is the unacknowledged stockd: the ratio
+/// is what the acknowledgement costs. Writes `${RESULTS_DIR:-results}/stockd_replicas.tsv`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run through deploy/bench/stockd.sh"]
+async fn bench_reserve_with_and_without_replica_acks_on_a_replicated_cluster() {
+    let secs = env_u64("BENCH_SECS", 5);
+    let conc = env_u64("BENCH_CONCURRENCY", 64) as usize;
+    let rounds = env_u64("BENCH_ROUNDS", 5).max(1) as usize;
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    let db = TestDb::create().await;
+    let deps = Deps::new(&cluster, &db);
+    let acked = spawn_stockd_process(&deps, |c| c.redis.replica_acks = 1).await;
+    let unacked = spawn_stockd_process(&deps, |c| c.redis.replica_acks = 0).await;
+    let mut pairs = Vec::new();
+    for r in 0..rounds {
+        let without = grpc_case(&unacked, &cluster, conc, secs, format!("n{r}-")).await;
+        let with = grpc_case(&acked, &cluster, conc, secs, format!("w{r}-")).await;
+        pairs.push((without, with));
+    }
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .map(|(n, w)| w.run.rps() / n.run.rps())
+        .collect();
+    let mid = median(&ratios);
+    let (without, with) = pairs
+        .iter()
+        .find(|(n, w)| w.run.rps() / n.run.rps() == mid)
+        .expect("the median is one of the rounds");
+    let us = |cpu: f64, calls: u64| cpu / calls as f64 * 1e6;
+    let rows = [
+        (
+            "reserve_throughput_64",
+            with.run.rps(),
+            without.run.rps(),
+            "reservations/s",
+        ),
+        (
+            "reserve_p50_64",
+            with.run.pct(0.50),
+            without.run.pct(0.50),
+            "ms",
+        ),
+        (
+            "reserve_p99_64",
+            with.run.pct(0.99),
+            without.run.pct(0.99),
+            "ms",
+        ),
+        (
+            "stockd_cpu_per_reservation",
+            us(with.cpu_stockd, with.run.calls),
+            us(without.cpu_stockd, without.run.calls),
+            "µs",
+        ),
+        (
+            "redis_cpu_per_reservation",
+            us(with.cpu_redis, with.run.calls),
+            us(without.cpu_redis, without.run.calls),
+            "µs (masters and replicas)",
+        ),
+        (
+            "reservations_per_call",
+            with.batch_mean,
+            without.batch_mean,
+            "reservations",
+        ),
+    ];
+    let dir = std::env::var("RESULTS_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../results").to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tsv = String::from("case\treplica_acks_1\treplica_acks_0\tratio\tunit\n");
+    for (case, w, n, unit) in &rows {
+        tsv.push_str(&format!("{case}\t{w:.3}\t{n:.3}\t{:.3}\t{unit}\n", w / n));
+    }
+    std::fs::write(format!("{dir}/stockd_replicas.tsv"), &tsv).unwrap();
+    println!("\nstockd Reserve with and without replica acknowledgement: {conc} concurrent callers, {secs} s per case, {rounds} rounds");
+    println!("Redis Cluster: 3 masters + 3 replicas, AOF everysec; 8 shards; release stockd child processes");
+    let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+    println!(
+        "throughput ratio (acks 1 / acks 0) per round: {} (median {mid:.3}); the table shows the median round\n",
+        listed.join(", ")
+    );
+    println!(
+        "{:<30} {:>14} {:>14} {:>8}  unit",
+        "case", "replica_acks=1", "replica_acks=0", "ratio"
+    );
+    for (case, w, n, unit) in &rows {
+        println!("{case:<30} {w:>14.3} {n:>14.3} {:>8.3}  {unit}", w / n);
+    }
+    println!("\nresults: {dir}/stockd_replicas.tsv");
+    println!("reproduce: deploy/bench/stockd.sh (both benchmarks) or BENCH_ONLY=replicas deploy/bench/stockd.sh");
 }
