@@ -118,6 +118,14 @@ impl App {
             if !self.catalog.is_loaded() {
                 return Err(Error::Unavailable("activities not loaded yet".into()));
             }
+            // Published by a peer since this process's last catalog poll: its meta is
+            // in Redis. Not NOT_FOUND (a caller would not retry, and an edge would not
+            // fail over): UNAVAILABLE until the poll loads it.
+            if Box::pin(self.redis.exists(keys::meta(activity))).await? {
+                return Err(Error::Unavailable(format!(
+                    "activity {activity} is not loaded here yet; retry shortly"
+                )));
+            }
             return Ok((Reserve::NotFound, None));
         };
         let window = Some((entry.start_ms(), entry.end_ms()));
