@@ -71,7 +71,10 @@ impl Clients {
                 Refusal::BadRequest(s.message().to_string().into())
             }
             Code::NotFound => Refusal::NotFound("not found"),
-            Code::PermissionDenied => Refusal::Forbidden,
+            // A refusal of our own token's scope is an operator's problem: 503 below.
+            Code::PermissionDenied if !seckill_proto::auth::is_service_token_refusal(s) => {
+                Refusal::Forbidden
+            }
             Code::FailedPrecondition | Code::AlreadyExists => Refusal::Conflict(Value::Null),
             _ => Refusal::BackendUnavailable(self.retry_after),
         }
