@@ -25,7 +25,8 @@ pub enum Refusal {
         start_at_ms: i64,
         server_time_ms: i64,
     },
-    Unauthenticated(&'static str),
+    /// A missing or refused bearer token; the answer names the reason.
+    Unauthenticated(crate::auth::JwtError),
     BadPurchaseToken(&'static str),
     Forbidden,
     NotFound(&'static str),
@@ -182,7 +183,7 @@ impl Refusal {
             Self::SoldOut => ("sold_out", "sold out".into()),
             Self::Ended => ("ended", "the sale is over".into()),
             Self::TooEarly { .. } => ("too_early", "the sale has not started".into()),
-            Self::Unauthenticated(m) => ("unauthenticated", (*m).into()),
+            Self::Unauthenticated(e) => ("unauthenticated", e.message().into()),
             Self::BadPurchaseToken(m) => ("bad_purchase_token", (*m).into()),
             Self::Forbidden => ("forbidden", "not your order".into()),
             Self::NotFound(m) => ("not_found", (*m).into()),
@@ -214,6 +215,7 @@ impl Refusal {
                 v["server_time_ms"] = json!(server_time_ms);
             }
             Self::Duplicate(rid) => v["reservation_id"] = json!(rid),
+            Self::Unauthenticated(e) => v["error"]["reason"] = json!(e.reason()),
             Self::Conflict(order) => v["order"] = order.clone(),
             _ => {}
         }

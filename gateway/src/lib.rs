@@ -160,8 +160,9 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     server.run_forever()
 }
 
-/// SIGHUP: read the file again; on success swap in its limits, bans, admission and
-/// protection. Connections and in-flight requests are untouched.
+/// SIGHUP: read the file again; on success swap in its limits, bans, admission,
+/// protection and JWT key set (`auth.keys`, `auth.jwks_path` re-read, issuer,
+/// audience). Connections and in-flight requests are untouched.
 struct Reload {
     shared: Arc<shared::Shared>,
     path: PathBuf,
@@ -183,6 +184,14 @@ impl pingora::services::background::BackgroundService for Reload {
                     Ok(c) => {
                         self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);
                         self.shared.set_policy(c.policy());
+                        match auth::Jwt::from_config(&c.auth) {
+                            Ok(jwt) => {
+                                let keys = jwt.key_count();
+                                self.shared.set_jwt(jwt);
+                                tracing::info!(keys, "reloaded the JWT key set");
+                            }
+                            Err(e) => tracing::error!(error = %e, "JWT keys not reloaded; keeping the running set"),
+                        }
                         tracing::info!(path = %self.path.display(), "reloaded limits, bans, admission and protection");
                     }
                     Err(e) => tracing::error!(error = %e, "reload refused; keeping the running config"),
