@@ -102,6 +102,7 @@ impl Clients {
         s: u64,
         user: &str,
         request_id: &str,
+        traceparent: Option<&str>,
     ) -> Result<(Reserve, i64), tonic::Status> {
         let mut c = self.stock.clone();
         let msg = pb::ReserveRequest {
@@ -110,11 +111,13 @@ impl Clients {
             user_id: user.to_string(),
             request_id: request_id.to_string(),
         };
-        let r = Self::deadline(
-            self.reserve_deadline,
-            c.reserve(self.req(msg, self.reserve_deadline)),
-        )
-        .await?;
+        let mut req = self.req(msg, self.reserve_deadline);
+        // The buyer's trace context, for stockd to write into the stream entry.
+        if let Some(tp) = traceparent.and_then(|t| t.parse().ok()) {
+            req.metadata_mut()
+                .insert(seckill_proto::trace::METADATA, tp);
+        }
+        let r = Self::deadline(self.reserve_deadline, c.reserve(req)).await?;
         use pb::ReserveOutcome as O;
         let outcome = match O::try_from(r.outcome).unwrap_or(O::Unspecified) {
             O::Reserved => Reserve::Reserved(r.reservation_id),

@@ -126,6 +126,7 @@ impl Shared {
                 outcome = a.outcome.label(),
                 client = %a.client,
                 user = a.user,
+                trace_id = a.trace_id,
                 micros = a.elapsed.as_micros() as u64,
                 error = a.error,
             );
@@ -158,6 +159,8 @@ pub struct Answered<'a> {
     pub status: u16,
     pub client: IpAddr,
     pub user: &'a str,
+    /// The request's W3C trace id (32 hex), empty when none was made (fast lane).
+    pub trace_id: &'a str,
     pub error: &'a str,
 }
 
