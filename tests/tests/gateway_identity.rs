@@ -278,3 +278,78 @@ async fn a_jwks_key_rotates_by_sighup_with_both_kids_valid_in_between() {
     .await;
     assert_eq!(token_route(&gw, &new_jwt, a, item).await.0, 200);
 }
+
+/// The gateway's own gRPC token, scoped as docs/stockd.md advises.
+const GATEWAY_TOKEN: &str = "edge-token-0123456789abc";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_sells_with_a_least_privilege_token_and_a_missing_scope_is_its_own_503() {
+    use seckill_proto::auth::{CallerConfig, Scope};
+    use seckill_tests::gateway::{set, spawn_gateway, EdgeDeps};
+    use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
+    init_tracing();
+    let redis = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&redis, &db);
+    // The harness keeps its dev shortcut (it creates the activity); the edge is a
+    // caller of its own.
+    let edge = |scopes: Vec<Scope>| CallerConfig {
+        name: "gateway".into(),
+        token: GATEWAY_TOKEN.into(),
+        scopes,
+    };
+    let stockd = seckill_tests::stockd::spawn_stockd(&deps, |c| {
+        c.grpc.callers = vec![edge(vec![Scope::Reserve, Scope::Read, Scope::Pay])];
+    })
+    .await;
+    // orderd knows the edge's token only for reading and paying: no reserve there.
+    let orderd = seckill_tests::orderd::spawn_orderd(&deps, |c| {
+        c.grpc.callers = vec![edge(vec![Scope::Read])];
+    })
+    .await;
+    let act = seckill_tests::stockd::create_published_activity(
+        &stockd,
+        &[(3, 100)],
+        2,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )
+    .await;
+    let (a, item) = (act.id, act.items[0].id);
+    let orderd_addr = orderd.addr_str();
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd.addr,
+            orderd: &orderd_addr,
+        },
+        |c| set(c, "upstreams", "service_token", GATEWAY_TOKEN),
+    )
+    .await;
+    gw.wait_activity(a).await;
+
+    // Reserve (stockd: scope reserve) works end to end with the scoped token.
+    let jwt = gw.dev_token("alice").await;
+    let pt = gw.purchase_token(&jwt, a, item).await;
+    let r = gw.reserve(&jwt, a, item, &pt).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    let order = r.body["order_id"].as_str().unwrap().to_string();
+    // Reading the order (orderd: scope read) works too: QUEUED or PENDING, not refused.
+    let got = gw.get(&format!("/api/v1/orders/{order}"), Some(&jwt)).await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    // Paying needs `pay`, which orderd did not grant this token: the edge's own
+    // credentials are wrong, so the buyer gets 503, not 403 "not your order".
+    let paid = gw
+        .post(
+            &format!("/api/v1/orders/{order}/pay"),
+            Some(&jwt),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (paid.status, paid.code()),
+        (503, "backend_unavailable"),
+        "{}",
+        paid.body
+    );
+}
