@@ -2,8 +2,9 @@
 //! One buyer's trace across the hops: a W3C `traceparent` sent to the edge comes back
 //! in the answers (`trace_id`, and a `traceparent` header with the edge's span) and is
 //! written by stockd into the reservation's stream entry (`tp`); a request without
-//! one, or with a malformed one, gets a fresh valid trace. Needs
-//! `cargo build -p gateway --bins`.
+//! one, or with a malformed one, gets a fresh valid trace; the edge's access line and
+//! orderd's line for the order name the same trace id. Needs
+//! `cargo build -p gateway -p orderd --bins`.
 
 use std::collections::HashMap;
 
@@ -159,4 +160,63 @@ async fn a_buyers_traceparent_reaches_the_stream_entry_and_comes_back_in_every_a
         seen.push(trace_id);
     }
     assert_ne!(seen[0], seen[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_id_is_in_the_edge_access_log_and_in_orderds_line_for_the_order() {
+    // Needs `cargo build -p orderd --bins` too: orderd runs as a process, so its log
+    // is a file to read, as an operator would.
+    init_tracing();
+    let redis = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&redis, &db);
+    let stockd = spawn_stockd(&deps, |_| {}).await;
+    let orderd = seckill_tests::orderd::spawn_orderd_process(&deps, |_| {}).await;
+    let act = create_published_activity(
+        &stockd,
+        &[(10, 100)],
+        2,
+        std::time::Duration::ZERO,
+        std::time::Duration::from_secs(3600),
+    )
+    .await;
+    let (a, s) = (act.id, act.items[0].id);
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd.addr,
+            orderd: &orderd.addr,
+        },
+        |_| {},
+    )
+    .await;
+    gw.wait_activity(a).await;
+    let jwt = gw.dev_token("dora").await;
+    let (status, body, _) = reserve(&gw, &jwt, a, s, Some(INCOMING)).await;
+    assert_eq!(status, 202, "{body}");
+    let order = body["order_id"].as_str().unwrap().to_string();
+
+    // orderd: the order's line names the order and the buyer's trace id.
+    seckill_tests::process::wait_until_async(
+        "orderd's line for the order",
+        std::time::Duration::from_secs(20),
+        || async {
+            orderd
+                .log()
+                .lines()
+                .any(|l| l.contains("order written") && l.contains(&order) && l.contains(TRACE))
+        },
+    )
+    .await;
+    // The edge: the access line of the reserve carries the same trace id.
+    seckill_tests::process::wait_until_async(
+        "the edge's access line",
+        std::time::Duration::from_secs(10),
+        || async {
+            gw.log()
+                .lines()
+                .any(|l| l.contains("access") && l.contains("/reserve") && l.contains(TRACE))
+        },
+    )
+    .await;
 }
