@@ -12,6 +12,8 @@ use pingora::proxy::Session;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
+use seckill_proto::trace::TraceParent;
+
 /// Why a request was refused. Business outcomes, not errors.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
@@ -25,7 +27,8 @@ pub enum Refusal {
         start_at_ms: i64,
         server_time_ms: i64,
     },
-    Unauthenticated(&'static str),
+    /// A missing or refused bearer token; the answer names the reason.
+    Unauthenticated(crate::auth::JwtError),
     BadPurchaseToken(&'static str),
     Forbidden,
     NotFound(&'static str),
@@ -182,7 +185,7 @@ impl Refusal {
             Self::SoldOut => ("sold_out", "sold out".into()),
             Self::Ended => ("ended", "the sale is over".into()),
             Self::TooEarly { .. } => ("too_early", "the sale has not started".into()),
-            Self::Unauthenticated(m) => ("unauthenticated", (*m).into()),
+            Self::Unauthenticated(e) => ("unauthenticated", e.message().into()),
             Self::BadPurchaseToken(m) => ("bad_purchase_token", (*m).into()),
             Self::Forbidden => ("forbidden", "not your order".into()),
             Self::NotFound(m) => ("not_found", (*m).into()),
@@ -214,6 +217,7 @@ impl Refusal {
                 v["server_time_ms"] = json!(server_time_ms);
             }
             Self::Duplicate(rid) => v["reservation_id"] = json!(rid),
+            Self::Unauthenticated(e) => v["error"]["reason"] = json!(e.reason()),
             Self::Conflict(order) => v["order"] = order.clone(),
             _ => {}
         }
@@ -273,11 +277,22 @@ impl Canned {
     }
 
     fn refusal(r: &Refusal) -> Self {
-        let body = Bytes::from(serde_json::to_vec(&r.body()).expect("json"));
-        let extra: Vec<(&'static str, String)> = r
+        Self::refusal_traced(r, None)
+    }
+
+    /// A refusal with the request's `trace_id` in the body and its `traceparent`
+    /// header (the edge's span), when it has one.
+    fn refusal_traced(r: &Refusal, trace: Option<&TraceParent>) -> Self {
+        let mut v = r.body();
+        let mut extra: Vec<(&'static str, String)> = r
             .retry_after()
             .map(|s| vec![("retry-after", s.to_string())])
             .unwrap_or_default();
+        if let Some(t) = trace {
+            v["trace_id"] = json!(t.trace_id());
+            extra.push(("traceparent", t.to_string()));
+        }
+        let body = Bytes::from(serde_json::to_vec(&v).expect("json"));
         Self::build(r.status(), "application/json", body, &extra)
     }
 
@@ -345,11 +360,17 @@ impl Prebuilt {
         }
     }
 
-    /// Writes a refusal: canned when hot, built otherwise.
-    pub async fn refuse(&self, session: &mut Session, r: &Refusal) -> Result<()> {
-        match self.canned(r) {
+    /// Writes a refusal: canned when hot and `canned_ok`, else built with `trace`.
+    pub async fn refuse(
+        &self,
+        session: &mut Session,
+        r: &Refusal,
+        trace: Option<&TraceParent>,
+        canned_ok: bool,
+    ) -> Result<()> {
+        match self.canned(r).filter(|_| canned_ok) {
             Some(c) => c.send(session).await,
-            None => Canned::refusal(r).send(session).await,
+            None => Canned::refusal_traced(r, trace).send(session).await,
         }
     }
 
@@ -374,15 +395,24 @@ impl Default for Prebuilt {
 
 /// Writes a JSON success.
 pub async fn json(session: &mut Session, status: u16, body: &Value) -> Result<()> {
+    json_traced(session, status, body, None).await
+}
+
+/// [`json`] with the request's `traceparent` header (the edge's span), when given.
+pub async fn json_traced(
+    session: &mut Session,
+    status: u16,
+    body: &Value,
+    trace: Option<&TraceParent>,
+) -> Result<()> {
     let bytes = Bytes::from(serde_json::to_vec(body).expect("json"));
-    Canned::build(
-        status,
-        "application/json",
-        bytes,
-        &[("cache-control", "no-store".into())],
-    )
-    .send(session)
-    .await
+    let mut extra = vec![("cache-control", "no-store".to_string())];
+    if let Some(t) = trace {
+        extra.push(("traceparent", t.to_string()));
+    }
+    Canned::build(status, "application/json", bytes, &extra)
+        .send(session)
+        .await
 }
 
 #[cfg(test)]

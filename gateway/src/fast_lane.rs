@@ -146,6 +146,8 @@ where
             status: answer.refusal.status(),
             client: answer.client,
             user: "",
+            // The fast lane answers before any header but the request line is read.
+            trace_id: "",
             error: if written.is_ok() { "" } else { "write failed" },
         });
         if written.is_err() {

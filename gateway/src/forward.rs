@@ -110,7 +110,10 @@ impl Clients {
                 Refusal::BadRequest(s.message().to_string().into())
             }
             Code::NotFound => Refusal::NotFound("not found"),
-            Code::PermissionDenied => Refusal::Forbidden,
+            // A refusal of our own token's scope is an operator's problem: 503 below.
+            Code::PermissionDenied if !seckill_proto::auth::is_service_token_refusal(s) => {
+                Refusal::Forbidden
+            }
             Code::FailedPrecondition | Code::AlreadyExists => Refusal::Conflict(Value::Null),
             _ => Refusal::BackendUnavailable(self.retry_after),
         }
@@ -123,7 +126,11 @@ impl Clients {
         s: u64,
         user: &str,
         request_id: &str,
+        traceparent: Option<&str>,
     ) -> Result<(Reserve, i64), tonic::Status> {
+        // The buyer's trace context, for stockd to write into the stream entry.
+        let tp: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> =
+            traceparent.and_then(|t| t.parse().ok());
         let r = self
             .stock_fleet
             .call(&self.stock, self.reserve_deadline, |mut c, left| {
@@ -133,7 +140,11 @@ impl Clients {
                     user_id: user.to_string(),
                     request_id: request_id.to_string(),
                 };
-                async move { c.reserve(req(msg, left)).await }
+                let mut r = req(msg, left);
+                if let Some(tp) = tp.clone() {
+                    r.metadata_mut().insert(seckill_proto::trace::METADATA, tp);
+                }
+                async move { c.reserve(r).await }
             })
             .await?;
         use pb::ReserveOutcome as O;

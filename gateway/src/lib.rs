@@ -172,19 +172,27 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
 }
 
 /// Whether a changed field (dotted path) takes effect on SIGHUP. The rest (listeners,
-/// threads, Redis, upstreams, auth keys, dev, the admin port, JSON logs) is read once at
-/// start: a SIGHUP names each such change in a warning, and a graceful upgrade
-/// (`systemctl reload gateway`: `-u` + SIGQUIT) applies it without dropping a connection.
+/// threads, Redis, upstreams, the JWT algorithm and secret of the single-key spelling,
+/// dev, the admin port, JSON logs) is read once at start: a SIGHUP names each such change
+/// in a warning, and a graceful upgrade (`systemctl reload gateway`: `-u` + SIGQUIT)
+/// applies it without dropping a connection.
 pub fn reloads_live(field: &str) -> bool {
-    const SECTIONS: [&str; 4] = ["limits.", "bans.", "admission.", "protection."];
+    const SECTIONS: [&str; 5] = ["limits.", "bans.", "admission.", "protection.", "auth.keys"];
+    const FIELDS: [&str; 4] = [
+        "server.access_log",
+        "auth.jwks_path",
+        "auth.issuer",
+        "auth.audience",
+    ];
     SECTIONS.iter().any(|s| field.starts_with(s))
-        || field == "server.access_log"
+        || FIELDS.contains(&field)
         || field == seckill_daemon::reload::LOG_LEVEL
 }
 
 /// SIGHUP: read the file again (with the environment overrides, validated as at start);
-/// on success apply the live fields ([`reloads_live`], [`shared::Shared::apply_reload`])
-/// and name every other changed field in a warning; a bad file is refused and logged.
+/// on success apply the live fields ([`reloads_live`], [`shared::Shared::apply_reload`],
+/// and the JWT key set: `auth.keys`, `auth.jwks_path` re-read, issuer, audience) and name
+/// every other changed field in a warning; a bad file is refused and logged.
 /// Connections and in-flight requests are untouched.
 struct Reload {
     shared: Arc<shared::Shared>,
@@ -216,6 +224,14 @@ impl pingora::services::background::BackgroundService for Reload {
                     if let Some((c, _)) = reloader.reload_and_log() {
                         self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);
                         self.shared.apply_reload(&c);
+                        match auth::Jwt::from_config(&c.auth) {
+                            Ok(jwt) => {
+                                let keys = jwt.key_count();
+                                self.shared.set_jwt(jwt);
+                                tracing::info!(keys, "reloaded the JWT key set");
+                            }
+                            Err(e) => tracing::error!(error = %e, "JWT keys not reloaded; keeping the running set"),
+                        }
                     }
                 }
             }

@@ -24,6 +24,7 @@ use crate::forward::Clients;
 use crate::routes::{self, Route, RouteClass};
 use crate::shared::{Answered, Compiled, Shared};
 use crate::sold_out::ItemLive;
+use seckill_proto::trace::TraceParent;
 
 /// What the pipeline learnt of a request before its handler runs.
 pub(crate) struct Req<'a> {
@@ -47,6 +48,23 @@ pub struct Ctx {
     status: u16,
     pub(crate) client_ip: IpAddr,
     user: Option<String>,
+    /// This request's trace context: the caller's trace (a valid `traceparent` header)
+    /// or a new one, with the edge's own span id; sent to stockd, shown in the access
+    /// log and in the JSON answers as `trace_id`.
+    pub(crate) trace: Option<TraceParent>,
+}
+
+/// The trace context of a request: a valid incoming `traceparent` continued with a new
+/// span id, else a new trace (a malformed header is replaced, never refused).
+fn trace_context(header: Option<&[u8]>) -> TraceParent {
+    let span: [u8; 8] = rand::random();
+    match header
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .and_then(TraceParent::parse)
+    {
+        Some(incoming) => incoming.child(span),
+        None => TraceParent::start(rand::random(), span),
+    }
 }
 
 /// The `ProxyHttp` implementation.
@@ -68,6 +86,13 @@ impl Gateway {
         let policy = shared.policy();
         let now_ms = shared.now_ms();
         let now_unix_ms = unix_ms();
+        ctx.trace = Some(trace_context(
+            session
+                .req_header()
+                .headers
+                .get(seckill_proto::trace::METADATA)
+                .map(|v| v.as_bytes()),
+        ));
 
         let route;
         let flow;
@@ -183,6 +208,7 @@ impl ProxyHttp for Gateway {
             status: 0,
             client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             user: None,
+            trace: None,
         }
     }
 
@@ -216,6 +242,7 @@ impl ProxyHttp for Gateway {
             status: ctx.status,
             client: ctx.client_ip,
             user: ctx.user.as_deref().unwrap_or(""),
+            trace_id: ctx.trace.as_ref().map_or("", |t| t.trace_id()),
             error: &error,
         });
     }

@@ -54,7 +54,7 @@ pub struct Shared {
     pub bans: Bans,
     pub limiter: RateLimiter,
     pub catalog: Catalog,
-    pub jwt: Jwt,
+    jwt: RwLock<Arc<Jwt>>,
     pub tokens: PurchaseTokens,
     pub metrics: Metrics,
     pub prebuilt: Prebuilt,
@@ -75,7 +75,7 @@ impl Shared {
             bans: Bans::new(announce),
             limiter: RateLimiter::new(cfg.limits.max_tracked),
             catalog: Catalog::default(),
-            jwt: Jwt::from_config(&cfg.auth)?,
+            jwt: RwLock::new(Arc::new(Jwt::from_config(&cfg.auth)?)),
             tokens: PurchaseTokens::new(
                 &cfg.auth.purchase_token_secret,
                 cfg.auth.purchase_token_ttl_secs,
@@ -132,10 +132,21 @@ impl Shared {
                 outcome = a.outcome.label(),
                 client = %a.client,
                 user = a.user,
+                trace_id = a.trace_id,
                 micros = a.elapsed.as_micros() as u64,
                 error = a.error,
             );
         }
+    }
+
+    /// The JWT key set in force.
+    pub fn jwt(&self) -> Arc<Jwt> {
+        self.jwt.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Swaps in a reloaded key set (SIGHUP); requests in flight keep the one they read.
+    pub fn set_jwt(&self, jwt: Jwt) {
+        *self.jwt.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(jwt);
     }
 
     /// Swaps in a reloaded policy; requests in flight keep the one they started with.
@@ -169,6 +180,8 @@ pub struct Answered<'a> {
     pub status: u16,
     pub client: IpAddr,
     pub user: &'a str,
+    /// The request's W3C trace id (32 hex), empty when none was made (fast lane).
+    pub trace_id: &'a str,
     pub error: &'a str,
 }
 

@@ -13,7 +13,9 @@
 --   KEYS[3+2j] buyers  sk:{a:i}:buyers:<s> uid -> "<reservation id>|<request id>"
 -- ARGV[1] activity, [2] shard, [3] now (unix ms), [4] an epoch ('' for none) and
 -- [5] the highest sequence the caller has seen handed out in it; then per
--- reservation j: ARGV[3+3j] item, ARGV[4+3j] user, ARGV[5+3j] request id.
+-- reservation j: ARGV[2+4j] item, ARGV[3+4j] user, ARGV[4+4j] request id,
+-- ARGV[5+4j] W3C traceparent ('' for none; when given, the entry gets a `tp` field
+-- after the others).
 --
 -- Returns a flat array, three fields per reservation in order:
 -- {outcome, reservation id, units left in this shard}, outcome one of
@@ -53,7 +55,7 @@ if ARGV[4] == epoch then
   end
 end
 
-local function reserve(stock, buyers, item, user, req)
+local function reserve(stock, buyers, item, user, req, tp)
   local held = redis.call('HGET', buyers, user)
   if held then
     local sep = string.find(held, '|', 1, true)
@@ -75,15 +77,20 @@ local function reserve(stock, buyers, item, user, req)
   local seq = redis.call('INCR', KEYS[2])
   local rid = ARGV[1] .. '-' .. item .. '-' .. ARGV[2] .. '-' .. epoch .. '-' .. seq
   redis.call('HSET', buyers, user, rid .. '|' .. req)
-  redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
-    'req', req, 'ts', ARGV[3])
+  if tp == '' then
+    redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+      'req', req, 'ts', ARGV[3])
+  else
+    redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+      'req', req, 'ts', ARGV[3], 'tp', tp)
+  end
   return 'RESERVED', rid, left
 end
 
 local wrote, retried = false, false
 for j = 1, n do
   local outcome, rid, left = reserve(KEYS[2 + 2 * j], KEYS[3 + 2 * j],
-    ARGV[3 + 3 * j], ARGV[4 + 3 * j], ARGV[5 + 3 * j])
+    ARGV[2 + 4 * j], ARGV[3 + 4 * j], ARGV[4 + 4 * j], ARGV[5 + 4 * j])
   wrote = wrote or outcome == 'RESERVED'
   retried = retried or outcome == 'RETRY'
   out[#out + 1] = outcome

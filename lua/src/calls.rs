@@ -50,7 +50,7 @@ impl ReserveCall {
             keys::seq(activity, shard),
             keys::orders_stream(activity, shard),
         ]);
-        let mut args = Vec::with_capacity(5 + 3 * capacity);
+        let mut args = Vec::with_capacity(5 + 4 * capacity);
         args.extend([
             activity.to_string(),
             shard.to_string(),
@@ -69,12 +69,29 @@ impl ReserveCall {
     /// Adds one reservation of `item` for `user` under `request` (their strings are
     /// moved in, not copied).
     pub fn push(&mut self, item: ItemId, user: UserId, request: RequestId) {
+        self.push_traced(item, user, request, None);
+    }
+
+    /// [`Self::push`] with the buyer's W3C `traceparent`, written into the stream
+    /// entry as [`entry::TRACE_PARENT`](crate::messages::entry::TRACE_PARENT). The
+    /// caller has validated it (`seckill_proto::trace`).
+    pub fn push_traced(
+        &mut self,
+        item: ItemId,
+        user: UserId,
+        request: RequestId,
+        traceparent: Option<&str>,
+    ) {
         self.keys.extend([
             keys::stock(self.activity, self.shard, item),
             keys::buyers(self.activity, self.shard, item),
         ]);
-        self.args
-            .extend([item.to_string(), user.into_string(), request.into_string()]);
+        self.args.extend([
+            item.to_string(),
+            user.into_string(),
+            request.into_string(),
+            traceparent.unwrap_or_default().to_string(),
+        ]);
     }
 
     /// Reservations in the call.
@@ -356,13 +373,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_reserve_call_lists_the_shard_keys_once_and_two_keys_three_args_per_reservation() {
+    fn a_reserve_call_lists_the_shard_keys_once_and_two_keys_four_args_per_reservation() {
         let mut c = ReserveCall::new(7, 3, 1000, "e1", 42, 2);
         assert!(c.is_empty());
         let id = |s: &str| (UserId::parse(s).unwrap(), RequestId::parse(s).unwrap());
         let ((alice, r1), (bob, r2)) = (id("alice"), id("bob"));
         c.push(11, alice, r1);
-        c.push(12, bob, r2);
+        c.push_traced(12, bob, r2, Some("00-tp"));
         assert_eq!(c.len(), 2);
         assert_eq!(
             c.keys,
@@ -378,7 +395,10 @@ mod tests {
         );
         assert_eq!(
             c.args,
-            ["7", "3", "1000", "e1", "42", "11", "alice", "alice", "12", "bob", "bob"]
+            [
+                "7", "3", "1000", "e1", "42", "11", "alice", "alice", "", "12", "bob", "bob",
+                "00-tp"
+            ]
         );
     }
 

@@ -16,6 +16,9 @@ pub mod entry {
     pub const REQUEST: &str = "req";
     /// When it was reserved, unix ms.
     pub const TIMESTAMP: &str = "ts";
+    /// The buyer's W3C `traceparent`, when the reserve call carried one (optional;
+    /// written last, after the fields above).
+    pub const TRACE_PARENT: &str = "tp";
 }
 
 /// A change of an item's sold-out flag, published on

@@ -251,7 +251,15 @@ impl StreamConsumer {
             }
         };
         let mut ack = Vec::with_capacity(ids.len());
-        for (id, w) in ids.into_iter().zip(written) {
+        for ((id, w), r) in ids.into_iter().zip(written).zip(&parsed) {
+            // One line per order written, with the buyer's trace id: the third log of
+            // one purchase (docs/orderd.md, "Following one buyer").
+            if matches!(w, Written::Pending | Written::Failed(_)) {
+                tracing::info!(order = %r.rid, user = %r.user,
+                    trace_id = r.trace_id.as_deref().unwrap_or(""),
+                    status = if matches!(w, Written::Pending) { "PENDING" } else { "FAILED" },
+                    "order written");
+            }
             match w {
                 Written::Pending => {
                     self.ctx

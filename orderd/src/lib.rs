@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use seckill_daemon::shutdown::{drain, Shutdown};
-use seckill_proto::auth::ServiceToken;
+use seckill_proto::auth::Callers;
 use seckill_proto::pb::order_service_server::OrderServiceServer;
 use tokio::net::TcpListener;
 
@@ -112,14 +112,10 @@ pub async fn run_with_metrics(
     let svc = service::OrderSvc::new(orders, shutdown.clone());
     let (health, router) =
         seckill_daemon::serve::router(&[seckill_proto::pb::order_service_server::SERVICE_NAME]);
-    let router = router.add_service(OrderServiceServer::with_interceptor(
-        svc,
-        ServiceToken::new(&config.grpc.service_token),
-    ));
+    let callers = Callers::new(&config.grpc.service_token, &config.grpc.callers);
+    let router = router.add_service(callers.guard(OrderServiceServer::new(svc)));
     health
-        .set_serving::<OrderServiceServer<
-            tonic::service::interceptor::InterceptedService<service::OrderSvc, ServiceToken>,
-        >>()
+        .set_serving::<OrderServiceServer<service::OrderSvc>>()
         .await;
     let served = seckill_daemon::serve::run(router, grpc, shutdown.clone()).await;
 

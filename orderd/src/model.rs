@@ -122,6 +122,10 @@ pub struct Reservation {
     pub request: String,
     /// When Redis reserved it, unix ms.
     pub ts_ms: i64,
+    /// The trace id of the buyer's request (from the entry's `tp`, a W3C
+    /// `traceparent`); `None` when absent or malformed (never poison: tracing does not
+    /// hold up an order).
+    pub trace_id: Option<String>,
 }
 
 impl Reservation {
@@ -153,11 +157,16 @@ impl Reservation {
                 }
             }
         }
+        let trace_id = fields
+            .get(entry::TRACE_PARENT)
+            .and_then(|tp| seckill_proto::trace::TraceParent::parse(tp))
+            .map(|tp| tp.trace_id().to_string());
         Ok(Self {
             rid,
             user,
             request,
             ts_ms,
+            trace_id,
         })
     }
 }
@@ -245,6 +254,32 @@ mod tests {
         .unwrap();
         assert_eq!(r.rid.item, 2);
         assert_eq!(r.user, "u");
+    }
+
+    #[test]
+    fn an_entry_names_its_trace_id_and_a_bad_traceparent_is_dropped_not_poison() {
+        let base = [
+            ("rid", "1-2-3-abc-4"),
+            ("uid", "u"),
+            ("a", "1"),
+            ("s", "2"),
+            ("req", "r"),
+            ("ts", "5"),
+        ];
+        let with = |tp: &'static str| {
+            let mut f = base.to_vec();
+            f.push(("tp", tp));
+            Reservation::from_fields(&fields(&f)).unwrap().trace_id
+        };
+        assert_eq!(
+            with("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(with("garbage"), None);
+        assert_eq!(
+            Reservation::from_fields(&fields(&base)).unwrap().trace_id,
+            None
+        );
     }
 
     #[test]

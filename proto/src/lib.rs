@@ -3,13 +3,15 @@
 //! Layout:
 //! - [`pb`]: the generated messages, clients and servers (package `seckill.v1`), and
 //!   [`FILE_DESCRIPTOR_SET`], the encoded descriptors served by reflection.
-//! - [`auth`]: the service-token interceptor for internal RPCs, and its client twin.
+//! - [`auth`]: callers, tokens and scopes of internal RPCs, and the client twin.
+//! - [`trace`]: the W3C `traceparent` carried from the edge to stockd and orderd.
 //!
 //! The plumbing that serves this contract (config, health and reflection, shutdown,
 //! telemetry, the admin port, the MySQL schema) lives in `seckill-daemon` (`daemon/`).
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod trace;
 
 /// Generated code for package `seckill.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -53,6 +53,7 @@ impl App {
                 item,
                 user: user.clone(),
                 request: request.clone(),
+                trace: crate::domain::current_trace_parent(),
                 answer: tx,
             });
             !std::mem::replace(&mut st.running, true)
@@ -102,7 +103,7 @@ impl App {
         let answers: Vec<_> = batch
             .into_iter()
             .map(|p| {
-                call.push(p.item, p.user, p.request);
+                call.push_traced(p.item, p.user, p.request, p.trace.as_deref());
                 p.answer
             })
             .collect();

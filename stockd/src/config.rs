@@ -45,9 +45,16 @@ pub struct GrpcConfig {
     /// Listen address, `host:port`. Default `127.0.0.1:50051`.
     #[serde(default = "default_grpc_listen")]
     pub listen: String,
-    /// Bearer token every StockService/AdminService call must carry. Required,
-    /// non-empty, never logged.
+    /// Dev shortcut: one bearer token with every scope (the caller `service`). Empty
+    /// (the default) for none; then `callers` must name at least one caller. Never
+    /// logged. Production gives each caller its own token and scopes in `callers`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub service_token: String,
+    /// The callers of StockService/AdminService, each `{ name, token, scopes }`; `scopes` from
+    /// `reserve`, `read`, `pay`, `admin` (which RPC needs which: docs/stockd.md). Tokens
+    /// at least 16 bytes, unique, never logged. Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callers: Vec<seckill_proto::auth::CallerConfig>,
     /// How long in-flight calls may finish after a shutdown signal, in ms. Default 5000.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
@@ -263,6 +270,7 @@ impl Config {
             grpc: GrpcConfig {
                 listen: "127.0.0.1:0".into(),
                 service_token: token.into(),
+                callers: Vec::new(),
                 drain_ms: 2000,
                 worker_threads: 0,
             },
@@ -300,19 +308,8 @@ impl Config {
 impl Validate for Config {
     fn validate(&self) -> Result<(), FieldError> {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
-        ensure(
-            !self.grpc.service_token.trim().is_empty(),
-            "grpc.service_token",
-            "must not be empty",
-        )?;
-        ensure(
-            self.grpc
-                .service_token
-                .bytes()
-                .all(|b| b.is_ascii_graphic()),
-            "grpc.service_token",
-            "must be printable ASCII without spaces",
-        )?;
+        seckill_proto::auth::check_callers(&self.grpc.service_token, &self.grpc.callers)
+            .map_err(|(field, why)| FieldError::new(field, why))?;
         ensure(
             self.grpc.drain_ms <= 600_000,
             "grpc.drain_ms",
@@ -422,7 +419,7 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     fn bad_values_are_refused_naming_the_field() {
         for (env, field) in [
             (
-                ("STOCKD__GRPC__SERVICE_TOKEN", "\"\""),
+                ("STOCKD__GRPC__SERVICE_TOKEN", "\"a b\""),
                 "grpc.service_token",
             ),
             (("STOCKD__REDIS__NODES", "[]"), "redis.nodes"),

@@ -15,6 +15,19 @@ pub fn request_id(field: &str, s: &str) -> Result<RequestId> {
     RequestId::parse(s).map_err(|e| invalid(field, e.to_string()))
 }
 
+tokio::task_local! {
+    /// The buyer's W3C `traceparent` (validated) of the Reserve call this task serves:
+    /// `service.rs` sets it around `App::reserve`, and the shard queue (`batch.rs`)
+    /// reads it when it queues the reservation, so the trace reaches the stream entry
+    /// without a parameter through every layer between.
+    pub static TRACE_PARENT: Option<std::sync::Arc<str>>;
+}
+
+/// The `traceparent` of the Reserve call this task serves, if any.
+pub fn current_trace_parent() -> Option<std::sync::Arc<str>> {
+    TRACE_PARENT.try_with(Clone::clone).ok().flatten()
+}
+
 /// A positive id (activity or item).
 pub fn positive_id(field: &str, id: u64) -> Result<u64> {
     if id == 0 {

@@ -39,7 +39,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use seckill_daemon::shutdown::{drain, Shutdown};
-use seckill_proto::auth::ServiceToken;
+use seckill_proto::auth::Callers;
 use seckill_proto::pb::admin_service_server::AdminServiceServer;
 use seckill_proto::pb::stock_service_server::StockServiceServer;
 
@@ -73,7 +73,7 @@ pub async fn run_with_metrics(
         .await
         .context("redis")?;
     let db = db::pool(&config.mysql).context("mysql")?;
-    let token = ServiceToken::new(&config.grpc.service_token);
+    let callers = Callers::new(&config.grpc.service_token, &config.grpc.callers);
     let drain_for = Duration::from_millis(config.grpc.drain_ms);
     let app = app::App::new(
         config,
@@ -98,14 +98,12 @@ pub async fn run_with_metrics(
         seckill_proto::pb::admin_service_server::SERVICE_NAME,
     ]);
     let router = router
-        .add_service(StockServiceServer::with_interceptor(
-            service::StockSvc { app: app.clone() },
-            token.clone(),
-        ))
-        .add_service(AdminServiceServer::with_interceptor(
-            service::AdminSvc { app: app.clone() },
-            token,
-        ));
+        .add_service(callers.guard(StockServiceServer::new(service::StockSvc {
+            app: app.clone(),
+        })))
+        .add_service(callers.guard(AdminServiceServer::new(service::AdminSvc {
+            app: app.clone(),
+        })));
     // SERVING once the activities are loaded and their shards open (readiness:
     // start-up recomputes done), NOT_SERVING before.
     health

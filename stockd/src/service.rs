@@ -12,9 +12,10 @@ use seckill_proto::pb::{
 };
 
 use crate::app::App;
-use crate::domain::{positive_id, request_id, user_id};
+use crate::domain::{positive_id, request_id, user_id, TRACE_PARENT};
 use crate::error::invalid;
 use crate::stock::{Release, Reserve};
+use seckill_proto::trace::TraceParent;
 
 /// `seckill.v1.StockService`.
 #[derive(Clone)]
@@ -38,12 +39,21 @@ impl StockService for StockSvc {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
+        // A malformed traceparent is dropped, not refused: tracing never fails a sale.
+        let trace = req
+            .metadata()
+            .get(seckill_proto::trace::METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(TraceParent::parse)
+            .map(|t| Arc::<str>::from(t.as_str()));
         let r = req.into_inner();
         let a = positive_id("activity_id", r.activity_id)?;
         let s = positive_id("item_id", r.item_id)?;
         let user = user_id("user_id", &r.user_id)?;
         let request = request_id("request_id", &r.request_id)?;
-        let (outcome, window) = self.app.reserve(a, s, &user, &request).await?;
+        let (outcome, window) = TRACE_PARENT
+            .scope(trace, self.app.reserve(a, s, &user, &request))
+            .await?;
         let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
         use pb::ReserveOutcome as O;
         let (outcome, reservation_id, remaining_hint) = match outcome {

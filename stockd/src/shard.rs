@@ -127,6 +127,8 @@ pub(crate) struct Pending {
     pub item: u64,
     pub user: UserId,
     pub request: RequestId,
+    /// The buyer's `traceparent`, written into the stream entry.
+    pub trace: Option<std::sync::Arc<str>>,
     pub answer: oneshot::Sender<Result<Script>>,
 }
 

@@ -7,8 +7,9 @@
 //! body and read-deadline limits; `[dev]` the dev-only token endpoint.
 //!
 //! On SIGHUP the file is read again and `[limits]`, `[bans]`, `[admission]` and
-//! `[protection]` take effect without dropping connections ([`Policy`]); the other
-//! sections need a restart (or a graceful upgrade).
+//! `[protection]` take effect without dropping connections ([`Policy`]), and so do the
+//! JWT keys of `[auth]` (the JWKS file is read again); the other sections (and
+//! `[auth]`'s purchase-token fields) need a restart (or a graceful upgrade).
 //!
 //! Files: [`model`] (the sections, their fields and defaults), `validate` (the
 //! checks `-t` and every load run, naming the field), `tls` (the certificate and key

@@ -244,18 +244,43 @@ impl std::fmt::Display for JwtAlg {
 }
 
 /// JWT verification and purchase tokens.
-#[derive(Debug, Clone, Deserialize)]
+///
+/// The verification keys are the single key of `jwt_alg` + `jwt_secret` /
+/// `jwt_public_key_path` (the first spelling, still valid), the entries of `keys`, and
+/// the keys of the JWKS file `jwks_path`. A token's `kid` header picks its key; a token
+/// without `kid` is verified only when exactly one key is configured in all.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Auth {
-    /// `HS256`, `RS256` or `ES256`. Default `HS256`.
+    /// Algorithm of the single key: `HS256`, `RS256` or `ES256`. Default `HS256`.
     #[serde(default)]
     pub jwt_alg: JwtAlg,
-    /// HS256 shared secret (at least 16 bytes). Required for HS256; never logged.
+    /// HS256 shared secret of the single key (at least 16 bytes). Empty: no single
+    /// HS256 key (then `keys` or `jwks_path` must give one). Never logged.
     #[serde(default)]
     pub jwt_secret: String,
-    /// PEM public key file for RS256/ES256.
+    /// PEM public key file of the single key for RS256/ES256. Default empty.
     #[serde(default)]
     pub jwt_public_key_path: String,
+    /// Verification keys chosen by the token's `kid`: `[[auth.keys]]` with `kid`, `alg`
+    /// and `secret` (HS256) or `public_key_path` (RS256, ES256). Two kids valid at once
+    /// is a key rotation without downtime. Read at start and on SIGHUP. Default none.
+    #[serde(default)]
+    pub keys: Vec<JwtKey>,
+    /// A JSON Web Key Set file (RFC 7517: `{"keys": [...]}`, each key with a `kid`;
+    /// RSA, EC P-256 or symmetric `oct` keys), added to `keys`; read at start and again
+    /// on SIGHUP (a file that fails to load keeps the running keys). Default empty
+    /// (none).
+    #[serde(default)]
+    pub jwks_path: String,
+    /// Required `iss` claim of user JWTs; empty accepts any issuer. The dev endpoint
+    /// writes it into its tokens. Default empty.
+    #[serde(default)]
+    pub issuer: String,
+    /// Required `aud` claim (one of the token's audiences); empty accepts tokens with
+    /// or without `aud`. The dev endpoint writes it into its tokens. Default empty.
+    #[serde(default)]
+    pub audience: String,
     /// Clock skew allowed on `exp`, seconds. Default 5.
     #[serde(default = "d_leeway")]
     pub jwt_leeway_secs: u64,
@@ -264,6 +289,33 @@ pub struct Auth {
     /// Lifetime of a purchase token, seconds. Default 60.
     #[serde(default = "d_pt_ttl")]
     pub purchase_token_ttl_secs: u64,
+}
+
+/// One JWT verification key of `[[auth.keys]]`.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtKey {
+    /// The key id tokens name in their `kid` header. Required, unique among all keys.
+    pub kid: String,
+    /// `HS256`, `RS256` or `ES256`. Default `HS256`.
+    #[serde(default)]
+    pub alg: JwtAlg,
+    /// HS256 shared secret, at least 16 bytes. Never logged. Default empty.
+    #[serde(default)]
+    pub secret: String,
+    /// RS256/ES256 PEM public key file. Default empty.
+    #[serde(default)]
+    pub public_key_path: String,
+}
+
+impl std::fmt::Debug for JwtKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtKey")
+            .field("kid", &self.kid)
+            .field("alg", &self.alg)
+            .field("public_key_path", &self.public_key_path)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One token bucket: `rate` tokens per second, at most `burst` stored.

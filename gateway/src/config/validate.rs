@@ -185,33 +185,9 @@ impl Validate for Config {
         )?;
 
         let a = &self.auth;
-        match a.jwt_alg {
-            JwtAlg::HS256 => ensure(
-                a.jwt_secret.len() >= 16,
-                "auth.jwt_secret",
-                "must be at least 16 bytes for HS256",
-            )?,
-            JwtAlg::RS256 | JwtAlg::ES256 => {
-                ensure(
-                    !a.jwt_public_key_path.is_empty(),
-                    "auth.jwt_public_key_path",
-                    "required for RS256 and ES256",
-                )?;
-                let pem = std::fs::read(&a.jwt_public_key_path).map_err(|e| {
-                    FieldError::new("auth.jwt_public_key_path", format!("cannot read: {e}"))
-                })?;
-                let ok = if a.jwt_alg == JwtAlg::RS256 {
-                    jsonwebtoken::DecodingKey::from_rsa_pem(&pem).is_ok()
-                } else {
-                    jsonwebtoken::DecodingKey::from_ec_pem(&pem).is_ok()
-                };
-                ensure(
-                    ok,
-                    "auth.jwt_public_key_path",
-                    format!("not a PEM {} public key", a.jwt_alg),
-                )?;
-            }
-        }
+        // The key set, loaded as the gateway will load it (PEM and JWKS files read).
+        let jwt =
+            crate::auth::Jwt::from_config(a).map_err(|e| FieldError::new(e.field, e.problem))?;
         ensure(
             a.purchase_token_secret.len() >= 16,
             "auth.purchase_token_secret",
@@ -288,9 +264,9 @@ impl Validate for Config {
 
         if self.dev.enabled {
             ensure(
-                a.jwt_alg == JwtAlg::HS256,
+                jwt.can_issue(),
                 "dev.enabled",
-                "the dev token endpoint signs HS256 JWTs: needs auth.jwt_alg = \"HS256\"",
+                "the dev token endpoint signs HS256 JWTs: needs an HS256 key (auth.jwt_secret or an HS256 entry of auth.keys)",
             )?;
             ensure(
                 self.dev.token_ttl_secs >= 1,

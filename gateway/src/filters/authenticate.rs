@@ -1,8 +1,10 @@
 //! Authentication: routes that need a user get one from a valid JWT (`crate::auth`
-//! verifies it), or 401.
+//! verifies it against the key set in force, swapped on SIGHUP), or 401 naming the
+//! reason.
 
 use super::{Cx, Filter, Flow};
 use crate::answer::Refusal;
+use crate::auth::JwtError;
 
 /// The filter: routes that need a user get one from a valid JWT, or 401.
 pub struct Authenticate;
@@ -17,9 +19,9 @@ impl Filter for Authenticate {
             return Flow::Go;
         }
         let Some(token) = cx.bearer else {
-            return Flow::Stop(Refusal::Unauthenticated("missing bearer token"));
+            return Flow::Stop(Refusal::Unauthenticated(JwtError::Missing));
         };
-        match cx.shared.jwt.verify(token) {
+        match cx.shared.jwt().verify(token) {
             Ok(user) => {
                 cx.user = Some(user);
                 Flow::Go

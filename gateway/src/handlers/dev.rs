@@ -42,7 +42,7 @@ impl Gateway {
                 .await;
         };
         match shared
-            .jwt
+            .jwt()
             .issue(uid, shared.cfg.dev.token_ttl_secs, req.now_unix_ms)
         {
             Some((token, exp)) => {

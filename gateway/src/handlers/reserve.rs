@@ -92,46 +92,33 @@ impl Gateway {
         let request_id = request_id.unwrap_or_else(|| request_id_from_token(token));
         let clients = self.clients().await?;
         let uid = user.as_deref().unwrap_or_default();
-        let result = clients.reserve(a, s, uid, &request_id).await;
+        let trace = ctx.trace.as_ref().map(|t| t.as_str());
+        let result = clients.reserve(a, s, uid, &request_id, trace).await;
         drop(admitted);
-        match result {
+        let trace_id = ctx.trace.as_ref().map_or("", |t| t.trace_id()).to_string();
+        // From here every answer carries the trace id, the hot kinds too.
+        let refusal = match result {
             Ok((Reserve::Reserved(rid), _)) => {
-                self.ok(
-                    session,
-                    ctx,
-                    202,
-                    &json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED"}),
-                )
-                .await
+                let body = json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED",
+                    "trace_id": trace_id});
+                return self.ok(session, ctx, 202, &body).await;
             }
-            Ok((Reserve::Duplicate(rid), _)) => {
-                self.refuse(session, ctx, Refusal::Duplicate(rid)).await
-            }
+            Ok((Reserve::Duplicate(rid), _)) => Refusal::Duplicate(rid),
             Ok((Reserve::SoldOut, _)) => {
                 shared.catalog.report_sold_out(a, s, true);
-                self.refuse(session, ctx, Refusal::SoldOut).await
+                Refusal::SoldOut
             }
-            Ok((Reserve::NotStarted { start_at_ms }, _)) => {
-                self.refuse(
-                    session,
-                    ctx,
-                    Refusal::TooEarly {
-                        start_at_ms,
-                        server_time_ms: now_unix_ms as i64,
-                    },
-                )
-                .await
-            }
-            Ok((Reserve::Ended, _)) => self.refuse(session, ctx, Refusal::Ended).await,
-            Ok((Reserve::NotFound, _)) => {
-                self.refuse(session, ctx, Refusal::NotFound("no such item"))
-                    .await
-            }
+            Ok((Reserve::NotStarted { start_at_ms }, _)) => Refusal::TooEarly {
+                start_at_ms,
+                server_time_ms: now_unix_ms as i64,
+            },
+            Ok((Reserve::Ended, _)) => Refusal::Ended,
+            Ok((Reserve::NotFound, _)) => Refusal::NotFound("no such item"),
             Err(status) => {
                 shared.metrics.upstream_error("stockd", status.code());
-                let r = clients.refusal(&status);
-                self.refuse(session, ctx, r).await
+                clients.refusal(&status)
             }
-        }
+        };
+        self.refuse_traced(session, ctx, refusal).await
     }
 }

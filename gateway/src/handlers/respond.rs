@@ -22,18 +22,44 @@ impl Gateway {
             .await
     }
 
+    /// A refusal: the hot ones (banned, rate limited, busy, sold out) canned, without a
+    /// trace id; every other one built, with the request's `trace_id`.
     pub(crate) async fn refuse(
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
         r: Refusal,
     ) -> Result<bool> {
+        self.refusal(session, ctx, r, true).await
+    }
+
+    /// A refusal after the request reached a backend: never canned, so even a hot kind
+    /// (stockd's sold out) carries the request's `trace_id`.
+    pub(crate) async fn refuse_traced(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        r: Refusal,
+    ) -> Result<bool> {
+        self.refusal(session, ctx, r, false).await
+    }
+
+    async fn refusal(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        r: Refusal,
+        canned: bool,
+    ) -> Result<bool> {
         ctx.outcome = r.outcome();
         self.shared.strike(ctx.client_ip, &r);
         if matches!(r, Refusal::PayloadTooLarge | Refusal::HeadersTooLarge) {
             session.set_keepalive(None);
         }
-        self.shared.prebuilt.refuse(session, &r).await?;
+        self.shared
+            .prebuilt
+            .refuse(session, &r, ctx.trace.as_ref(), canned)
+            .await?;
         Ok(true)
     }
 
@@ -49,7 +75,7 @@ impl Gateway {
         } else {
             Outcome::Ok
         };
-        answer::json(session, status, body).await?;
+        answer::json_traced(session, status, body, ctx.trace.as_ref()).await?;
         Ok(true)
     }
 
@@ -122,6 +148,6 @@ impl Gateway {
             self.shared.metrics.upstream_error("orderd", st.code());
         }
         let r = clients.refusal(st);
-        self.refuse(session, ctx, r).await
+        self.refuse_traced(session, ctx, r).await
     }
 }

@@ -106,12 +106,11 @@ impl GatewayHandle {
     /// `now_unix_ms` (pass a time in the past for an expired token).
     pub fn jwt(&self, user: &str, ttl_secs: u64, now_unix_ms: u64) -> String {
         let auth = gateway::config::Auth {
-            jwt_alg: gateway::config::JwtAlg::HS256,
             jwt_secret: JWT_SECRET.into(),
-            jwt_public_key_path: String::new(),
             jwt_leeway_secs: 0,
             purchase_token_secret: PURCHASE_SECRET.into(),
             purchase_token_ttl_secs: 60,
+            ..Default::default()
         };
         gateway::auth::Jwt::from_config(&auth)
             .expect("jwt")
