@@ -35,7 +35,16 @@ fn the_shipped_config_passes_gateway_t() {
     let c = gateway::config::load(&repo_file("deploy/local/gateway.toml")).unwrap();
     assert_eq!(c.server.listen, vec!["127.0.0.1:8080"]);
     assert_eq!(c.admin.listen, "127.0.0.1:9091");
-    assert_eq!(c.upstreams.service_token, "local-dev-service-token");
+    // Its own caller token, listed by the shipped stockd.toml and orderd.toml (scoped).
+    assert_eq!(c.upstreams.service_token, "local-dev-gateway-token");
+    for d in ["stockd", "orderd"] {
+        let shipped =
+            std::fs::read_to_string(repo_file(&format!("deploy/local/{d}.toml"))).unwrap();
+        assert!(
+            shipped.contains("token = \"local-dev-gateway-token\""),
+            "{d}.toml lists the gateway"
+        );
+    }
 }
 
 #[test]
