@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use seckill_lua::keys;
-use seckill_tests::gateway::{set, spawn_gateway, EdgeDeps};
+use seckill_tests::gateway::{set, spawn_gateway, url_list, EdgeDeps};
 use seckill_tests::orderd::spawn_orderd_process;
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::Persistence;
@@ -75,17 +75,11 @@ async fn two_of_each_daemon_keep_every_promise_through_kills_and_a_restart_mid_s
     )
     .await;
     let (a, s) = (sale.id, sale.items[0].id);
-    let list = |x: &str, y: &str| {
-        gateway::toml::Value::Array(vec![
-            format!("http://{x}").into(),
-            format!("http://{y}").into(),
-        ])
-    };
     let mut edges = Vec::new();
     for _ in 0..2 {
         let (stockds, orderds) = (
-            list(&stockd_a.addr, &stockd_b.addr),
-            list(&orderd_a.addr, &orderd_b.addr),
+            url_list(&[&stockd_a.addr, &stockd_b.addr]),
+            url_list(&[&orderd_a.addr, &orderd_b.addr]),
         );
         let gw = spawn_gateway(
             &EdgeDeps {

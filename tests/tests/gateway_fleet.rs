@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use seckill_proto::pb;
-use seckill_tests::gateway::{set, spawn_gateway, EdgeDeps, GatewayHandle};
+use seckill_tests::gateway::{set, spawn_gateway, url_list, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd_process;
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{create_published_activity_with, spawn_stockd_process};
@@ -120,15 +120,9 @@ async fn a_crowd_fails_over_to_the_survivors_when_a_stockd_and_an_orderd_are_kil
         wait_known(&s.addr, a, crowd_item).await;
     }
 
-    let list = |x: &str, y: &str| {
-        gateway::toml::Value::Array(vec![
-            format!("http://{x}").into(),
-            format!("http://{y}").into(),
-        ])
-    };
     let (stockds, orderds) = (
-        list(&stockd_a.addr, &stockd_b.addr),
-        list(&orderd_a.addr, &orderd_b.addr),
+        url_list(&[&stockd_a.addr, &stockd_b.addr]),
+        url_list(&[&orderd_a.addr, &orderd_b.addr]),
     );
     let gw = spawn_gateway(
         &EdgeDeps {

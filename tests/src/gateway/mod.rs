@@ -403,6 +403,12 @@ async fn wait_http_once(h: &mut GatewayHandle, path: &str) -> bool {
     }
 }
 
+/// An `[upstreams] stockd` / `orderd` value in the list form, for a fleet: `http://` and
+/// each `host:port`.
+pub fn url_list(addrs: &[&str]) -> gateway::toml::Value {
+    gateway::toml::Value::Array(addrs.iter().map(|a| format!("http://{a}").into()).collect())
+}
+
 /// Sets `section.key = value` in a config table (creating the section).
 pub fn set(
     config: &mut gateway::toml::Table,
