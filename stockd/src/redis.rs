@@ -261,6 +261,13 @@ impl Redis {
         let started = Instant::now();
         let (keys, args) = call.into_parts();
         let script = C::SCRIPT;
+        // EVALSHA's arguments, built once (the strings move in; a resend after NOSCRIPT
+        // clones reference-counted values, not the bytes).
+        let mut eval: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        eval.push(self.scripts.sha(&script).into());
+        eval.push((keys.len() as i64).into());
+        eval.extend(keys.into_iter().map(Value::from));
+        eval.extend(args.into_iter().map(Value::from));
         let slot = fred::util::redis_keyslot(slot_key.as_bytes());
         let out = self
             .deadline(async {
@@ -275,9 +282,7 @@ impl Redis {
                 loop {
                     let master = master_of(client, slot);
                     let mark = self.scripts.mark();
-                    let (value, waited) = self
-                        .pipeline_wait(client, &script, &keys, &args, slot)
-                        .await;
+                    let (value, waited) = self.pipeline_wait(client, eval.clone(), slot).await;
                     match value {
                         Err(e) if seckill_daemon::redis::is_noscript(&e) && !reloaded => {
                             tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
@@ -315,13 +320,12 @@ impl Redis {
         out
     }
 
-    /// `EVALSHA` then `WAIT`, one pipeline on `client`; the two answers.
+    /// `EVALSHA` (`eval`: sha, key count, keys, args) then `WAIT`, one pipeline on
+    /// `client`; the two answers.
     async fn pipeline_wait(
         &self,
         client: &Client,
-        script: &Script,
-        keys: &[String],
-        args: &[String],
+        eval: Vec<Value>,
         slot: u16,
     ) -> (
         Result<Value, fred::error::Error>,
@@ -334,11 +338,6 @@ impl Redis {
         };
         // A pipeline has no EVALSHA of its own (fred routes scripts by their keys):
         // the command is spelled out, routed to the slot like the WAIT after it.
-        let mut eval: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        eval.push(self.scripts.sha(script).into());
-        eval.push((keys.len() as i64).into());
-        eval.extend(keys.iter().map(|k| Value::from(k.as_str())));
-        eval.extend(args.iter().map(|a| Value::from(a.as_str())));
         let queued: Result<(), fred::error::Error> = async {
             p.custom::<(), _>(
                 CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false),
