@@ -318,16 +318,16 @@ impl App {
         if !took.replicated {
             // No replica holds the take yet. Giving the units to the home shard now
             // would create them twice if the take died in a failover (oversell); not
-            // giving them loses them until a rebuild or a repairing reconcile
-            // (undersell), which is the side a move may err on.
+            // giving them loses them (undersell), the side a move may err on, until
+            // the rebuild started here counts them back from MySQL.
             tracing::warn!(
                 a,
                 item,
                 donor,
                 taken,
-                "rebalancing: the take is not on a replica; units held back (undersold until \
-                 a rebuild or `seckillctl reconcile --repair`)"
+                "rebalancing: the take is not on a replica; units held back, rebuilding"
             );
+            self.trigger_recompute(&entry, Cause::Repair, "a rebalancing take was not replicated");
             return Err(Error::Unavailable(
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
             ));
