@@ -9,11 +9,11 @@
 //! been called alone (`lua/scripts/reserve.lua`), so the contract is unchanged: one
 //! reservation is still one atomic check-decrement-record-append on one slot.
 //!
-//! With `redis.replica_acks` > 0 the call is pipelined with one `WAIT` on its own
-//! connection (`Redis::call_acked`): a reservation is answered RESERVED only once a
-//! replica holds it, and UNAVAILABLE (retry with the same request id) when none
-//! acknowledged in `redis.replica_ack_timeout_ms`. One `WAIT` per call, whatever the
-//! batch size, so acknowledgement costs a round trip to the replica per batch.
+//! With `redis.replica_acks` > 0 the call goes through `Redis::call_acked`: grouped
+//! with the other calls ready for the same master and pipelined with one `WAIT`
+//! (`crate::ack`); a reservation is answered RESERVED only once a replica holds it, and
+//! UNAVAILABLE (retry with the same request id) when none acknowledged in
+//! `redis.replica_ack_timeout_ms`.
 //!
 //! A caller that goes away (a client deadline) does not take its reservation out of
 //! a call already queued: the unit is then held under its request id, and the
@@ -107,7 +107,7 @@ impl App {
                 p.answer
             })
             .collect();
-        // With `redis.replica_acks`, one WAIT per call, on the call's own connection.
+        // With `redis.replica_acks`, one WAIT per master's pipeline of ready calls.
         let answer = self
             .redis
             .call_acked(call, &keys::fence(entry.id(), shard))

@@ -107,8 +107,8 @@ pub struct RedisConfig {
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
     /// Replicas that must hold a reservation before stockd answers RESERVED (Redis
-    /// `WAIT` on the connection that carried the write, one per shard call, never one
-    /// per reservation). 0 answers as soon as the master has it: UNSAFE with replicas,
+    /// `WAIT` on the connection that carried the write, one per pipeline of a master's
+    /// ready calls, never one per reservation). 0 answers as soon as the master has it: UNSAFE with replicas,
     /// since a failover to a replica that lagged loses reservations already promised
     /// (stockd counts them and rebuilds the shard, but the buyer's unit is gone); right
     /// only for a masters-only Redis (a laptop). 0..=5. Default 1.
@@ -121,10 +121,10 @@ pub struct RedisConfig {
     /// Default 100.
     #[serde(default = "default_replica_ack_timeout_ms")]
     pub replica_ack_timeout_ms: u64,
-    /// Connections (clients, one connection to every master each) kept for reserve
-    /// calls that wait for replicas: `WAIT` blocks its connection, so each call borrows
-    /// one for itself and no other command queues behind it. At most this many shard
-    /// calls wait at once; more wait for a free one. 1..=256. Default 16.
+    /// Connections (clients, one connection to every master each) kept for calls that
+    /// wait for replicas: `WAIT` blocks its connection, so each pipeline (one master's
+    /// ready calls and one `WAIT`) borrows one for itself and no other command queues
+    /// behind it. One pipeline per master is in flight. 1..=256. Default 16.
     #[serde(default = "default_ack_connections")]
     pub ack_connections: usize,
 }

@@ -3,25 +3,21 @@
 //! `NOSCRIPT` by `seckill_daemon::redis::Scripts`), and a deadline on every call so a
 //! slow or dead node answers UNAVAILABLE instead of hanging.
 //!
-//! Writes a replica must hold before they are answered ([`Redis::call_acked`]) go on
-//! clients of their own ([`AckClients`]): the script and a `WAIT` are pipelined on the
-//! connection to the slot's master, and that connection is lent to the one call until
-//! `WAIT` answers. `WAIT` counts the replicas that acknowledged everything the
-//! connection wrote, and it blocks the connection meanwhile: on a shared connection it
-//! would hold up every other command behind it.
+//! Writes a replica must hold before they are answered ([`Redis::call_acked`]) go
+//! through [`crate::ack`]: grouped per master, pipelined with one `WAIT` on a connection
+//! lent to that pipeline alone.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use fred::types::config::{Options, ReconnectPolicy};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::config::ReconnectPolicy;
+use fred::types::Value;
 use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::calls::Call;
 use seckill_lua::scripts::Script;
-use tokio::sync::Semaphore;
 
+use crate::ack::Acks;
 use crate::config::RedisConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -34,64 +30,9 @@ pub struct Redis {
     metrics: Metrics,
     /// Every script's SHA1, and the call that reloads them on `NOSCRIPT`.
     scripts: Scripts,
-    /// Clients lent to one replica-acknowledged call at a time (none when
-    /// `redis.replica_acks` is 0).
-    acks: Option<std::sync::Arc<AckClients>>,
-    /// `WAIT`'s arguments.
-    replica_acks: u32,
-    ack_timeout: Duration,
-}
-
-/// Clients for [`Redis::call_acked`], each lent to one call at a time.
-pub struct AckClients {
-    free: Mutex<Vec<Client>>,
-    permits: Semaphore,
-}
-
-impl AckClients {
-    async fn borrow(&self) -> Option<Borrowed<'_>> {
-        let permit = self.permits.acquire().await.ok()?;
-        let client = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-        permit.forget();
-        Some(Borrowed {
-            owner: self,
-            client: Some(client),
-        })
-    }
-
-    async fn quit(&self) {
-        let clients: Vec<Client> = self.free.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for c in clients {
-            let _ = c.quit().await;
-        }
-    }
-}
-
-/// A borrowed ack client; goes back on drop (also when the caller's future is dropped
-/// while `WAIT` runs: the next borrower's `WAIT` then also covers the earlier write,
-/// which only makes it wait for more).
-struct Borrowed<'a> {
-    owner: &'a AckClients,
-    client: Option<Client>,
-}
-
-impl Borrowed<'_> {
-    fn client(&self) -> &Client {
-        self.client.as_ref().expect("held until drop")
-    }
-}
-
-impl Drop for Borrowed<'_> {
-    fn drop(&mut self) {
-        if let Some(c) = self.client.take() {
-            self.owner
-                .free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(c);
-            self.owner.permits.add_permits(1);
-        }
-    }
+    /// Replica-acknowledged calls, grouped per master (none when `redis.replica_acks`
+    /// is 0).
+    acks: Option<std::sync::Arc<Acks>>,
 }
 
 /// What a replica-acknowledged call got back.
@@ -125,6 +66,7 @@ impl Redis {
             Ok(Err(e)) => tracing::warn!(error = %e, "redis not reachable yet"),
             Err(_) => tracing::warn!("redis not reachable yet (connect timeout)"),
         }
+        let scripts = Scripts::new();
         let acks = if cfg.replica_acks > 0 {
             let mut clients = Vec::with_capacity(cfg.ack_connections);
             for _ in 0..cfg.ack_connections {
@@ -138,10 +80,13 @@ impl Redis {
                 c.init().await.ok();
                 clients.push(c);
             }
-            Some(std::sync::Arc::new(AckClients {
-                permits: Semaphore::new(clients.len()),
-                free: Mutex::new(clients),
-            }))
+            Some(std::sync::Arc::new(Acks::new(
+                clients,
+                scripts.clone(),
+                metrics.clone(),
+                cfg.replica_acks,
+                Duration::from_millis(cfg.replica_ack_timeout_ms),
+            )))
         } else {
             None
         };
@@ -149,10 +94,8 @@ impl Redis {
             pool,
             timeout,
             metrics,
-            scripts: Scripts::new(),
+            scripts,
             acks,
-            replica_acks: cfg.replica_acks,
-            ack_timeout: Duration::from_millis(cfg.replica_ack_timeout_ms),
         };
         if let Err(e) = redis.load_scripts().await {
             tracing::warn!(error = %e, "cannot load scripts yet; will load on first NOSCRIPT");
@@ -243,9 +186,9 @@ impl Redis {
     }
 
     /// One typed script call whose writes must reach `redis.replica_acks` replicas
-    /// before it counts: `EVALSHA` and `WAIT` pipelined on a borrowed client's
-    /// connection to the master of `slot_key`'s slot (one round trip; the call and
-    /// its wait on one connection, as `WAIT` requires). With `replica_acks` = 0 it is
+    /// before it counts: queued on the master of `slot_key`'s slot and sent with the
+    /// other calls ready for that master, `EVALSHA`s and one `WAIT` pipelined on a
+    /// borrowed connection ([`crate::ack`]). With `replica_acks` = 0 it is
     /// [`Self::call`], always `replicated`.
     ///
     /// Not `replicated` when fewer replicas answered in `replica_ack_timeout_ms`, when
@@ -270,46 +213,9 @@ impl Redis {
         eval.extend(args.into_iter().map(Value::from));
         let slot = fred::util::redis_keyslot(slot_key.as_bytes());
         let out = self
-            .deadline(async {
-                let Some(lent) = acks.borrow().await else {
-                    return Err(fred::error::Error::new(
-                        fred::error::ErrorKind::Canceled,
-                        "ack clients closed",
-                    ));
-                };
-                let client = lent.client();
-                let mut reloaded = false;
-                loop {
-                    let master = master_of(client, slot);
-                    let mark = self.scripts.mark();
-                    let (value, waited) = self.pipeline_wait(client, eval.clone(), slot).await;
-                    match value {
-                        Err(e) if seckill_daemon::redis::is_noscript(&e) && !reloaded => {
-                            tracing::info!(script = script.name, "NOSCRIPT: loading scripts again");
-                            if self.scripts.reload_after(client, mark).await? {
-                                self.metrics
-                                    .redis_errors
-                                    .with_label_values(&["noscript"])
-                                    .inc();
-                            }
-                            reloaded = true;
-                        }
-                        Err(e) => return Err(e),
-                        Ok(value) => {
-                            let moved = master.is_none() || master != master_of(client, slot);
-                            let replicated = match waited {
-                                Ok(n) => !moved && n >= i64::from(self.replica_acks),
-                                Err(e) => {
-                                    tracing::debug!(error = %e, "WAIT failed");
-                                    false
-                                }
-                            };
-                            return Ok(Acked { value, replicated });
-                        }
-                    }
-                }
-            })
-            .await;
+            .deadline(acks.call(eval, slot))
+            .await
+            .map(|(value, replicated)| Acked { value, replicated });
         let elapsed = started.elapsed().as_secs_f64();
         self.metrics.observe_lua(script.name, elapsed);
         match &out {
@@ -318,68 +224,6 @@ impl Redis {
             Err(_) => {}
         }
         out
-    }
-
-    /// `EVALSHA` (`eval`: sha, key count, keys, args) then `WAIT`, one pipeline on
-    /// `client`; the two answers.
-    async fn pipeline_wait(
-        &self,
-        client: &Client,
-        eval: Vec<Value>,
-        slot: u16,
-    ) -> (
-        Result<Value, fred::error::Error>,
-        Result<i64, fred::error::Error>,
-    ) {
-        let p = client.pipeline();
-        let on_slot = Options {
-            cluster_hash: Some(ClusterHash::Custom(slot)),
-            ..Default::default()
-        };
-        // A pipeline has no EVALSHA of its own (fred routes scripts by their keys):
-        // the command is spelled out, routed to the slot like the WAIT after it.
-        let queued: Result<(), fred::error::Error> = async {
-            p.custom::<(), _>(
-                CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false),
-                eval,
-            )
-            .await?;
-            p.with_options(&on_slot)
-                .wait::<()>(
-                    i64::from(self.replica_acks),
-                    self.ack_timeout.as_millis() as i64,
-                )
-                .await?;
-            Ok(())
-        }
-        .await;
-        if let Err(e) = queued {
-            return (Err(e.clone()), Err(e));
-        }
-        let mut answers = p.try_all::<Value>().await.into_iter();
-        let value = answers.next().unwrap_or_else(|| {
-            Err(fred::error::Error::new(
-                fred::error::ErrorKind::Unknown,
-                "pipeline lost its first answer",
-            ))
-        });
-        let waited = answers
-            .next()
-            .unwrap_or_else(|| {
-                Err(fred::error::Error::new(
-                    fred::error::ErrorKind::Unknown,
-                    "pipeline lost its WAIT answer",
-                ))
-            })
-            .and_then(|v| {
-                v.as_i64().ok_or_else(|| {
-                    fred::error::Error::new(
-                        fred::error::ErrorKind::Parse,
-                        "WAIT answered no integer",
-                    )
-                })
-            });
-        (value, waited)
     }
 
     /// `GET` of an integer key; a missing key is `None`.
@@ -472,13 +316,6 @@ impl Redis {
         )
         .await
     }
-}
-
-/// The master the client's routing table names for `slot`.
-fn master_of(client: &Client, slot: u16) -> Option<fred::types::config::Server> {
-    client
-        .cached_cluster_state()
-        .and_then(|s| s.get_server(slot).cloned())
 }
 
 /// The parts of a script's array answer.

@@ -327,7 +327,11 @@ impl App {
                 taken,
                 "rebalancing: the take is not on a replica; units held back, rebuilding"
             );
-            self.trigger_recompute(&entry, Cause::Repair, "a rebalancing take was not replicated");
+            self.trigger_recompute(
+                &entry,
+                Cause::Repair,
+                "a rebalancing take was not replicated",
+            );
             return Err(Error::Unavailable(
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
             ));
