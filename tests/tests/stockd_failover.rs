@@ -251,13 +251,14 @@ async fn failover_under_load(replica_acks: u32) -> Outcome {
         "failover report (replica_acks={replica_acks}): kill -> next RESERVED on the failed \
          master's shards {first_202:?} ms; UNAVAILABLE answers {}; RESERVED {}; lost 202s {}; \
          orders active {active}; Redis remaining {remaining}; stockd lost (promised) {}, \
-         unconfirmed {}, replica ack timeouts {}",
+         unconfirmed {}, replica ack timeouts {}; scripts reloaded after NOSCRIPT {} time(s)",
         seen.unavailable,
         seen.reserved.len(),
         lost_202s.len(),
         h.metrics.lost_reservations_total(),
         h.metrics.lost_unconfirmed.get(),
         h.metrics.replica_ack_timeouts.get(),
+        h.metrics.redis_errors.with_label_values(&["noscript"]).get(),
     );
     Outcome {
         lost_metric: h.metrics.lost_reservations_total(),
