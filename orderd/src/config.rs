@@ -72,6 +72,11 @@ pub struct GrpcConfig {
     /// How often a `WatchOrder` stream re-reads the order, in ms. Default 200.
     #[serde(default = "default_watch_poll_ms")]
     pub watch_poll_ms: u64,
+    /// `[grpc.tls]`: serve gRPC over TLS, mutual TLS when it names `client_ca_path`
+    /// (fields: docs/orderd.md). The files are read and checked on every load, `-t`
+    /// included. Absent (the default): plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<seckill_daemon::tls::ServerTls>,
 }
 
 /// `[redis]`.
@@ -296,6 +301,7 @@ impl Config {
                 drain_ms: 2000,
                 watch_max_secs: 60,
                 watch_poll_ms: 100,
+                tls: None,
             },
             admin: AdminSection::default(),
             redis: RedisConfig {
@@ -363,6 +369,9 @@ impl Validate for Config {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
         seckill_proto::auth::check_callers(&self.grpc.service_token, &self.grpc.callers)
             .map_err(|(field, why)| FieldError::new(field, why))?;
+        if let Some(tls) = &self.grpc.tls {
+            tls.validate("grpc.tls")?;
+        }
         ensure(
             self.grpc.watch_max_secs >= 1,
             "grpc.watch_max_secs",

@@ -69,6 +69,11 @@ pub struct GrpcConfig {
     /// than the host. Default 0.
     #[serde(default)]
     pub worker_threads: usize,
+    /// `[grpc.tls]`: serve gRPC over TLS, mutual TLS when it names `client_ca_path`
+    /// (fields: docs/stockd.md). The files are read and checked on every load, `-t`
+    /// included. Absent (the default): plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<seckill_daemon::tls::ServerTls>,
 }
 
 impl GrpcConfig {
@@ -273,6 +278,7 @@ impl Config {
                 callers: Vec::new(),
                 drain_ms: 2000,
                 worker_threads: 0,
+                tls: None,
             },
             admin: AdminSection::default(),
             redis: RedisConfig {
@@ -310,6 +316,9 @@ impl Validate for Config {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
         seckill_proto::auth::check_callers(&self.grpc.service_token, &self.grpc.callers)
             .map_err(|(field, why)| FieldError::new(field, why))?;
+        if let Some(tls) = &self.grpc.tls {
+            tls.validate("grpc.tls")?;
+        }
         ensure(
             self.grpc.drain_ms <= 600_000,
             "grpc.drain_ms",
