@@ -3,7 +3,8 @@
 //! with `[grpc.tls]` and `client_ca_path`, a gateway with `[upstreams.tls]` and
 //! `https://` URLs. The certificates (a CA, a server certificate for 127.0.0.1 and
 //! localhost, a client certificate for the gateway) are made at test time with rcgen;
-//! no key is checked in. Needs `cargo build --bins -p stockd -p orderd -p gateway`.
+//! no key is checked in. seckillctl's `--tls-*` flags are checked on the same stockd.
+//! Needs `cargo build --bins -p stockd -p orderd -p gateway`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -187,6 +188,41 @@ async fn a_reservation_goes_through_the_edge_over_mutual_tls_and_strangers_are_r
         Duration::from_secs(3600),
     )
     .await;
+
+    // seckillctl with the --tls-* flags reads it back; without them it names the flag.
+    let ctl = |tls: &[String]| {
+        let out = std::process::Command::new(workspace_bin("seckillctl"))
+            .args(["--stockd", &format!("https://{}", stockd.addr)])
+            .args(["--token", SERVICE_TOKEN, "--json"])
+            .args(tls)
+            .args(["activity", "get", &act.id.to_string()])
+            .output()
+            .expect("run seckillctl");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), said)
+    };
+    let flags = [
+        ("--tls-ca", "ca.pem"),
+        ("--tls-cert", "gateway.pem"),
+        ("--tls-key", "gateway.key"),
+    ]
+    .iter()
+    .flat_map(|(f, file)| [f.to_string(), pki.text(file)])
+    .collect::<Vec<_>>();
+    let (ok, said) = ctl(&flags);
+    assert!(
+        ok && said.contains("test sale"),
+        "seckillctl over mTLS: {said}"
+    );
+    let (ok, said) = ctl(&[]);
+    assert!(
+        !ok && said.contains("--tls-ca"),
+        "seckillctl without --tls-ca: {said}"
+    );
 
     // The edge dials both daemons over mTLS; /readyz (waited for) needs their health
     // checks, which go over the same TLS channel, to answer SERVING.
