@@ -483,6 +483,22 @@ callback_secret = "0123456789abcdef"
 "#;
 
     #[test]
+    fn a_grpc_tls_section_is_read_on_load_and_a_missing_file_is_named() {
+        let text = format!(
+            "{GOOD}[grpc.tls]\ncert_path = \"/nonexistent/server.pem\"\nkey_path = \"/nonexistent/server.key\"\n"
+        );
+        let e = Config::load_str(&text, "o.toml", [])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("o.toml: grpc.tls.cert_path: cannot read `/nonexistent/server.pem`"),
+            "{e}"
+        );
+        let plain = Config::load_str(GOOD, "o.toml", []).unwrap();
+        assert!(plain.grpc.tls.is_none());
+    }
+
+    #[test]
     fn a_minimal_file_loads_with_documented_defaults() {
         let c = Config::load_str(GOOD, "o.toml", []).unwrap();
         assert_eq!(c.grpc.listen, "127.0.0.1:50052");

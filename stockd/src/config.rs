@@ -386,6 +386,20 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     }
 
     #[test]
+    fn a_grpc_tls_section_is_read_on_load_and_a_missing_file_is_named() {
+        let text = format!(
+            "{GOOD}[grpc.tls]\ncert_path = \"/nonexistent/server.pem\"\nkey_path = \"/nonexistent/server.key\"\n"
+        );
+        let e = load(&text, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("stockd.toml: grpc.tls.cert_path: cannot read `/nonexistent/server.pem`"),
+            "{e}"
+        );
+        let plain = load(GOOD, &[]).unwrap();
+        assert!(plain.grpc.tls.is_none());
+    }
+
+    #[test]
     fn a_minimal_file_loads_with_defaults() {
         let c = load(GOOD, &[]).unwrap();
         assert_eq!(c.stock.rebalance_batch, 4);
