@@ -62,6 +62,10 @@ pub struct ClientTls {
     pub domain: String,
 }
 
+/// Longest TLS handshake the daemons wait for: tonic sets none, and a peer that opens a
+/// connection and never finishes its handshake would hold it (and a task) forever.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `{section}.{field}`.
 fn at(section: &str, field: &str) -> String {
     format!("{section}.{field}")
@@ -109,7 +113,9 @@ impl ServerTls {
     pub fn load(&self, section: &str) -> Result<ServerTlsConfig, FieldError> {
         let cert = read_certs(&self.cert_path, &at(section, "cert_path"))?;
         let key = read_key(&self.key_path, &at(section, "key_path"))?;
-        let plain = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+        let plain = ServerTlsConfig::new()
+            .identity(Identity::from_pem(cert, key))
+            .timeout(HANDSHAKE_TIMEOUT);
         tonic::transport::Server::builder()
             .tls_config(plain.clone())
             .map_err(|e| {
