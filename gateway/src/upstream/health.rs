@@ -71,7 +71,8 @@ async fn watch(
     mut shutdown: ShutdownWatch,
 ) {
     let url = fleet.endpoints()[i].url.clone();
-    // The URL was validated with the config; a failure here is a bug, logged once.
+    // The URL and the TLS files were checked with the config; a failure here (a file
+    // removed since) leaves the endpoint marked down, logged once.
     let channel = match super::dial(&url, &shared.cfg.upstreams) {
         Ok(e) => e
             .connect_timeout(t.connect)
