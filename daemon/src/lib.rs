@@ -6,7 +6,10 @@
 //!   that name the file and the field; the common sections (`[grpc] [admin] [redis]
 //!   [mysql] [log]`) spelled once.
 //! - [`serve`]: one way for every gRPC daemon to serve `grpc.health.v1` and server
-//!   reflection (v1 and v1alpha, so ghz and grpcurl need no `.proto` files).
+//!   reflection (v1 and v1alpha, so ghz and grpcurl need no `.proto` files), in
+//!   plaintext or over TLS.
+//! - [`tls`]: `[grpc.tls]` (the daemons' TLS and mutual TLS) and its client side (the
+//!   gateway's `[upstreams.tls]`), loaded and checked by `validate()`.
 //! - [`shutdown`]: SIGINT/SIGTERM as a cloneable signal for servers and loops.
 //! - [`reload`]: SIGHUP: read the config again, apply the live fields, name the rest.
 //! - [`telemetry`]: tracing set-up (text or JSON lines, a filter swappable live).
@@ -27,6 +30,7 @@ pub mod shutdown;
 #[cfg(feature = "db")]
 pub mod start;
 pub mod telemetry;
+pub mod tls;
 
 /// The MySQL schema (`daemon/migrations`), applied by `--migrate` and by the harness.
 /// Idempotent: applying it twice changes nothing.

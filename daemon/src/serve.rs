@@ -2,7 +2,8 @@
 //!
 //! ```ignore
 //! use seckill_proto::pb::stock_service_server::SERVICE_NAME;
-//! let (health, router) = seckill_daemon::serve::router(&[SERVICE_NAME]);
+//! let tls = config.grpc.tls.as_ref().map(|t| t.load("grpc.tls")).transpose()?;
+//! let (health, router) = seckill_daemon::serve::router(&[SERVICE_NAME], tls)?;
 //! let router = router.add_service(StockServiceServer::with_interceptor(svc, token));
 //! health.set_serving::<StockServiceServer<Svc>>().await;
 //! seckill_daemon::serve::run(router, listener, shutdown).await?;
@@ -13,11 +14,14 @@
 //! port must not offer `OrderService`, which only orderd serves (it would answer
 //! UNIMPLEMENTED there). Every `seckill.v1` file stays registered, so the messages of
 //! the advertised services resolve.
+//!
+//! With `[grpc.tls]` ([`crate::tls::ServerTls`]) the whole port speaks TLS (health and
+//! reflection too: one port, one policy); without it, plaintext HTTP/2.
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
-use tonic::transport::Server;
+use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 use tonic_reflection::server::Builder;
 
@@ -60,8 +64,12 @@ fn reflection(own: &[&str]) -> Builder<'static> {
 /// A tonic router already serving `grpc.health.v1` and reflection v1 + v1alpha, which
 /// list `own` (the fully qualified names of the services the daemon adds to the
 /// router, e.g. `seckill.v1.StockService`), health and reflection. Add the daemon's
-/// services to it.
-pub fn router(own: &[&str]) -> (HealthReporter, Router) {
+/// services to it. `tls` (from [`crate::tls::ServerTls::load`]): serve over TLS, with
+/// client certificates required when it names a client CA; `None`: plaintext.
+pub fn router(
+    own: &[&str],
+    tls: Option<ServerTlsConfig>,
+) -> Result<(HealthReporter, Router), tonic::transport::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     let v1 = reflection(own)
         .build_v1()
@@ -69,12 +77,15 @@ pub fn router(own: &[&str]) -> (HealthReporter, Router) {
     let v1alpha = reflection(own)
         .build_v1alpha()
         .expect("the embedded descriptor sets are valid");
-    let router = Server::builder()
-        .tcp_nodelay(true)
+    let mut server = Server::builder().tcp_nodelay(true);
+    if let Some(tls) = tls {
+        server = server.tls_config(tls)?;
+    }
+    let router = server
         .add_service(health)
         .add_service(v1)
         .add_service(v1alpha);
-    (reporter, router)
+    Ok((reporter, router))
 }
 
 /// Serves `router` on `listener` until `shutdown` fires, then drains in-flight calls.

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::codegen::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Code;
 
 type Stock = StockServiceClient<InterceptedService<Channel, AttachToken>>;
@@ -51,7 +51,7 @@ pub enum Reserve {
 }
 
 fn endpoint(url: &str, u: &Upstreams) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(url.to_string())?
+    Ok(crate::upstream::dial(url, u)?
         .connect_timeout(Duration::from_millis(u.connect_timeout_ms))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))

@@ -72,6 +72,11 @@ pub struct GrpcConfig {
     /// How often a `WatchOrder` stream re-reads the order, in ms. Default 200.
     #[serde(default = "default_watch_poll_ms")]
     pub watch_poll_ms: u64,
+    /// `[grpc.tls]`: serve gRPC over TLS, mutual TLS when it names `client_ca_path`
+    /// (fields: docs/orderd.md). The files are read and checked on every load, `-t`
+    /// included. Absent (the default): plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<seckill_daemon::tls::ServerTls>,
 }
 
 /// `[redis]`.
@@ -296,6 +301,7 @@ impl Config {
                 drain_ms: 2000,
                 watch_max_secs: 60,
                 watch_poll_ms: 100,
+                tls: None,
             },
             admin: AdminSection::default(),
             redis: RedisConfig {
@@ -363,6 +369,9 @@ impl Validate for Config {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
         seckill_proto::auth::check_callers(&self.grpc.service_token, &self.grpc.callers)
             .map_err(|(field, why)| FieldError::new(field, why))?;
+        if let Some(tls) = &self.grpc.tls {
+            tls.validate("grpc.tls")?;
+        }
         ensure(
             self.grpc.watch_max_secs >= 1,
             "grpc.watch_max_secs",
@@ -472,6 +481,22 @@ url = "mysql://root@127.0.0.1:3306/seckill"
 [payment]
 callback_secret = "0123456789abcdef"
 "#;
+
+    #[test]
+    fn a_grpc_tls_section_is_read_on_load_and_a_missing_file_is_named() {
+        let text = format!(
+            "{GOOD}[grpc.tls]\ncert_path = \"/nonexistent/server.pem\"\nkey_path = \"/nonexistent/server.key\"\n"
+        );
+        let e = Config::load_str(&text, "o.toml", [])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("o.toml: grpc.tls.cert_path: cannot read `/nonexistent/server.pem`"),
+            "{e}"
+        );
+        let plain = Config::load_str(GOOD, "o.toml", []).unwrap();
+        assert!(plain.grpc.tls.is_none());
+    }
 
     #[test]
     fn a_minimal_file_loads_with_documented_defaults() {

@@ -110,8 +110,15 @@ pub async fn run_with_metrics(
         config: config.clone(),
     };
     let svc = service::OrderSvc::new(orders, shutdown.clone());
-    let (health, router) =
-        seckill_daemon::serve::router(&[seckill_proto::pb::order_service_server::SERVICE_NAME]);
+    let tls = match &config.grpc.tls {
+        Some(t) => Some(t.load("grpc.tls").map_err(|e| anyhow::anyhow!("{e}"))?),
+        None => None,
+    };
+    let (health, router) = seckill_daemon::serve::router(
+        &[seckill_proto::pb::order_service_server::SERVICE_NAME],
+        tls,
+    )
+    .context("gRPC TLS")?;
     let callers = Callers::new(&config.grpc.service_token, &config.grpc.callers);
     let router = router.add_service(callers.guard(OrderServiceServer::new(svc)));
     health

@@ -69,6 +69,11 @@ pub struct GrpcConfig {
     /// than the host. Default 0.
     #[serde(default)]
     pub worker_threads: usize,
+    /// `[grpc.tls]`: serve gRPC over TLS, mutual TLS when it names `client_ca_path`
+    /// (fields: docs/stockd.md). The files are read and checked on every load, `-t`
+    /// included. Absent (the default): plaintext.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<seckill_daemon::tls::ServerTls>,
 }
 
 impl GrpcConfig {
@@ -273,6 +278,7 @@ impl Config {
                 callers: Vec::new(),
                 drain_ms: 2000,
                 worker_threads: 0,
+                tls: None,
             },
             admin: AdminSection::default(),
             redis: RedisConfig {
@@ -310,6 +316,9 @@ impl Validate for Config {
         ensure_host_port(&self.grpc.listen, "grpc.listen")?;
         seckill_proto::auth::check_callers(&self.grpc.service_token, &self.grpc.callers)
             .map_err(|(field, why)| FieldError::new(field, why))?;
+        if let Some(tls) = &self.grpc.tls {
+            tls.validate("grpc.tls")?;
+        }
         ensure(
             self.grpc.drain_ms <= 600_000,
             "grpc.drain_ms",
@@ -374,6 +383,20 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         Config::load_str(text, "stockd.toml", env)
+    }
+
+    #[test]
+    fn a_grpc_tls_section_is_read_on_load_and_a_missing_file_is_named() {
+        let text = format!(
+            "{GOOD}[grpc.tls]\ncert_path = \"/nonexistent/server.pem\"\nkey_path = \"/nonexistent/server.key\"\n"
+        );
+        let e = load(&text, &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("stockd.toml: grpc.tls.cert_path: cannot read `/nonexistent/server.pem`"),
+            "{e}"
+        );
+        let plain = load(GOOD, &[]).unwrap();
+        assert!(plain.grpc.tls.is_none());
     }
 
     #[test]

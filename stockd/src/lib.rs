@@ -70,6 +70,11 @@ pub async fn run_with_metrics(
     shutdown: Shutdown,
     metrics: Metrics,
 ) -> anyhow::Result<()> {
+    // The TLS files first: a bad one fails the start before Redis or MySQL is touched.
+    let tls = match &config.grpc.tls {
+        Some(t) => Some(t.load("grpc.tls").map_err(|e| anyhow::anyhow!("{e}"))?),
+        None => None,
+    };
     let redis = redis::Redis::connect(&config.redis, metrics.clone())
         .await
         .context("redis")?;
@@ -94,10 +99,14 @@ pub async fn run_with_metrics(
         ))
     });
 
-    let (health, router) = seckill_daemon::serve::router(&[
-        seckill_proto::pb::stock_service_server::SERVICE_NAME,
-        seckill_proto::pb::admin_service_server::SERVICE_NAME,
-    ]);
+    let (health, router) = seckill_daemon::serve::router(
+        &[
+            seckill_proto::pb::stock_service_server::SERVICE_NAME,
+            seckill_proto::pb::admin_service_server::SERVICE_NAME,
+        ],
+        tls,
+    )
+    .context("gRPC TLS")?;
     let router = router
         .add_service(callers.guard(StockServiceServer::new(service::StockSvc {
             app: app.clone(),

@@ -1,9 +1,9 @@
 //! The same checks for every daemon: gRPC health, and server reflection (v1 and
-//! v1alpha) as ghz and grpcurl use it.
+//! v1alpha) as ghz and grpcurl use it; channels in plaintext or over TLS.
 
 use std::time::Duration;
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// A channel to `addr` (`host:port`), retried until it connects or 10 s pass.
 pub async fn channel(addr: &str) -> Channel {
@@ -19,6 +19,33 @@ pub async fn channel(addr: &str) -> Channel {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("cannot connect to {addr}: {last:?}");
+}
+
+/// One attempt at a TLS channel to `addr` (`host:port`) with `tls` (roots, and a
+/// client certificate for mutual TLS): the handshake's refusal is the error.
+pub async fn try_tls_channel(
+    addr: &str,
+    tls: ClientTlsConfig,
+) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+}
+
+/// A TLS channel to `addr`, retried until it connects or 10 s pass (a daemon with
+/// `[grpc.tls]` starting up).
+pub async fn tls_channel(addr: &str, tls: ClientTlsConfig) -> Channel {
+    let mut last = None;
+    for _ in 0..500 {
+        match try_tls_channel(addr, tls.clone()).await {
+            Ok(ch) => return ch,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("cannot connect over TLS to {addr}: {last:?}");
 }
 
 /// `grpc.health.v1.Health/Check` for `service` ("" = the whole server).

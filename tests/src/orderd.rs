@@ -136,6 +136,14 @@ async fn wait_serving(addr: &str) {
     .await;
 }
 
+/// Until a child orderd listens on `port`.
+async fn wait_listening(port: u16) {
+    crate::process::wait_until_async("orderd listening", Duration::from_secs(30), || async move {
+        crate::process::port_open(port)
+    })
+    .await;
+}
+
 /// orderd as a child process (the binary `orderd`, built first with
 /// `cargo build -p orderd --bins`); SIGKILLed when dropped.
 #[derive(Debug)]
@@ -165,7 +173,8 @@ impl OrderdProcess {
 }
 
 /// Starts the `orderd` binary with [`test_config`] + `tweak` on a free port and waits
-/// until it serves.
+/// until it serves (with `[grpc.tls]`: until it listens; the test checks health with
+/// its own TLS client).
 pub async fn spawn_orderd_process(
     deps: &Deps<'_>,
     tweak: impl FnOnce(&mut Config),
@@ -190,7 +199,12 @@ pub async fn spawn_orderd_process(
     let child =
         ChildGuard::spawn("orderd", cmd, &dir.path().join("orderd.log")).expect("spawn orderd");
     let addr = format!("127.0.0.1:{port}");
-    wait_serving(&addr).await;
+    if config.grpc.tls.is_some() {
+        // The harness' plaintext client cannot check health on a TLS port.
+        wait_listening(port).await;
+    } else {
+        wait_serving(&addr).await;
+    }
     OrderdProcess {
         addr,
         child,

@@ -133,6 +133,16 @@ async fn wait_serving(addr: &str) {
     .await;
 }
 
+/// Until a child process listens on `port` (`what` names it if it never does).
+pub(crate) async fn wait_listening(what: &str, port: u16) {
+    crate::process::wait_until_async(
+        &format!("{what} listening on {port}"),
+        Duration::from_secs(20),
+        || async move { crate::process::port_open(port) },
+    )
+    .await;
+}
+
 /// Creates an activity with `items` as (stock, sale price in cents) over `shards`
 /// shards (0 = default 8), its window starting `start_in` from now (zero: already
 /// open, started a second ago) and lasting `length`, and publishes it now.
@@ -245,6 +255,9 @@ impl StockdProcess {
 /// Runs `stockd -c <generated config>` on free ports with `tweak` applied to the
 /// process's config, and waits until it is ready. Needs `cargo build -p stockd --bins`.
 ///
+/// With `[grpc.tls]` in the tweak it waits only until the port listens (the harness'
+/// plaintext client cannot check health there): the test waits with its own TLS client.
+///
 /// The process's config is the shipped defaults (not [`stockd_config`]'s fast test
 /// timeouts) with fast background loops: a child process is a production-like stockd.
 pub async fn spawn_stockd_process(
@@ -274,6 +287,7 @@ pub async fn spawn_stockd_process(
     tweak(&mut config);
     config.grpc.listen = format!("127.0.0.1:{grpc_port}");
     config.admin.listen = Some(format!("127.0.0.1:{admin_port}"));
+    let tls = config.grpc.tls.is_some();
     let config = config.to_toml();
     let path = dir.path().join("stockd.toml");
     std::fs::write(&path, config).expect("write config");
@@ -282,7 +296,11 @@ pub async fn spawn_stockd_process(
     let child =
         ChildGuard::spawn("stockd", cmd, &dir.path().join("stockd.log")).expect("spawn stockd");
     let addr = format!("127.0.0.1:{grpc_port}");
-    wait_serving(&addr).await;
+    if tls {
+        wait_listening("stockd", grpc_port).await;
+    } else {
+        wait_serving(&addr).await;
+    }
     StockdProcess {
         addr,
         admin_addr: format!("127.0.0.1:{admin_port}"),

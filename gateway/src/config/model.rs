@@ -175,6 +175,15 @@ pub struct Upstreams {
     /// marks the endpoint down. Default 1000.
     #[serde(default = "d_health_timeout")]
     pub health_timeout_ms: u64,
+    /// `[upstreams.tls]`: how `https://` URLs are dialled: `ca_path` (PEM roots that
+    /// verify the daemons; no system roots), `cert_path` + `key_path` (the gateway's
+    /// client certificate, for daemons with `[grpc.tls] client_ca_path`: mutual TLS),
+    /// `domain` (the name verified; default each URL's host). Required when a URL is
+    /// `https://`; `http://` URLs stay plaintext, so a fleet may mix both while its
+    /// daemons move to TLS one by one. Default: absent. Files read and checked on every
+    /// load, `-t` included.
+    #[serde(default)]
+    pub tls: Option<seckill_daemon::tls::ClientTls>,
 }
 
 /// The most endpoints of one service (the failover loop tracks the endpoints a call

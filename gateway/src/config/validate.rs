@@ -72,6 +72,34 @@ fn check_urls(urls: &Urls, field: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// `https://` URLs need `[upstreams.tls]`, and its files must load. Mixing schemes is
+/// allowed: each URL is dialled as its scheme says (plaintext or TLS), which works as
+/// long as the daemon behind it serves the same; a mismatch fails at connect and the
+/// health checks mark that endpoint down (docs/gateway.md).
+fn check_upstream_tls(u: &Upstreams) -> Result<(), FieldError> {
+    for (field, urls) in [
+        ("upstreams.stockd", &u.stockd),
+        ("upstreams.orderd", &u.orderd),
+    ] {
+        for (i, url) in urls.iter().enumerate() {
+            let entry = if urls.len() == 1 {
+                field.to_string()
+            } else {
+                format!("{field}[{i}]")
+            };
+            ensure(
+                !url.starts_with("https://") || u.tls.is_some(),
+                &entry,
+                "https:// needs [upstreams.tls] ca_path",
+            )?;
+        }
+    }
+    match &u.tls {
+        Some(tls) => tls.validate("upstreams.tls"),
+        None => Ok(()),
+    }
+}
+
 /// The same endpoint, trailing slash or not.
 fn same_url(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
@@ -153,6 +181,7 @@ impl Validate for Config {
         let u = &self.upstreams;
         check_urls(&u.stockd, "upstreams.stockd")?;
         check_urls(&u.orderd, "upstreams.orderd")?;
+        check_upstream_tls(u)?;
         ensure(
             !u.service_token.is_empty() && u.service_token.bytes().all(|b| b.is_ascii_graphic()),
             "upstreams.service_token",
@@ -471,5 +500,56 @@ mod tests {
             e.contains("HS256") && e.contains("RS256") && e.contains("ES256"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_https_upstream_needs_upstreams_tls_and_its_files_must_load() {
+        let https = MINIMAL.replace("http://127.0.0.1:50051", "https://127.0.0.1:50051");
+        let e = load(&https).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "g.toml: upstreams.stockd: https:// needs [upstreams.tls] ca_path"
+        );
+        let fleet = MINIMAL.replace(
+            "orderd = \"http://127.0.0.1:50052\"",
+            "orderd = [\"http://127.0.0.1:50052\", \"https://127.0.0.1:50062\"]",
+        );
+        let e = load(&fleet).unwrap_err().to_string();
+        assert!(
+            e.starts_with("g.toml: upstreams.orderd[1]: https://"),
+            "{e}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let ca_path = dir.path().join("ca.pem");
+        std::fs::write(&ca_path, ca.cert.pem()).unwrap();
+        let with = |section: &str| format!("{https}[upstreams.tls]\n{section}\n");
+        let c = load(&with(&format!("ca_path = \"{}\"", ca_path.display()))).unwrap();
+        assert_eq!(
+            c.upstreams.tls.unwrap().ca_path,
+            ca_path.display().to_string()
+        );
+        // Plaintext and TLS endpoints side by side: each dialled as its scheme says.
+        let mixed = format!(
+            "{fleet}[upstreams.tls]\nca_path = \"{}\"\n",
+            ca_path.display()
+        );
+        load(&mixed).unwrap();
+        for (section, field) in [
+            ("ca_path = \"/nonexistent/ca.pem\"", "upstreams.tls.ca_path"),
+            ("", "upstreams.tls.ca_path"),
+            (
+                &format!(
+                    "ca_path = \"{}\"\ncert_path = \"{}\"",
+                    ca_path.display(),
+                    ca_path.display()
+                ),
+                "upstreams.tls.key_path",
+            ),
+        ] {
+            let e = load(&with(section)).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("g.toml: {field}:")), "{e}");
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! endpoint. Every `upstreams.health_interval_ms` it asks `grpc.health.v1.Health/Check`
 //! (service "", the server as a whole) on a channel of its own, bounded by
 //! `upstreams.health_timeout_ms`, and marks the endpoint healthy when the answer is
-//! SERVING, down otherwise (no answer, an error, NOT_SERVING).
+//! SERVING, down otherwise (no answer, an error, NOT_SERVING). The channel is dialled
+//! as the calls' ([`super::dial`]): over TLS for `https://` URLs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -49,23 +50,36 @@ impl BackgroundService for Health {
         let mut loops = tokio::task::JoinSet::new();
         for fleet in [&self.shared.upstreams.stockd, &self.shared.upstreams.orderd] {
             for i in 0..fleet.endpoints().len() {
-                loops.spawn(watch(fleet.clone(), i, timing, shutdown.clone()));
+                loops.spawn(watch(
+                    self.shared.clone(),
+                    fleet.clone(),
+                    i,
+                    timing,
+                    shutdown.clone(),
+                ));
             }
         }
         while loops.join_next().await.is_some() {}
     }
 }
 
-async fn watch(fleet: Arc<Fleet>, i: usize, t: Timing, mut shutdown: ShutdownWatch) {
+async fn watch(
+    shared: Arc<Shared>,
+    fleet: Arc<Fleet>,
+    i: usize,
+    t: Timing,
+    mut shutdown: ShutdownWatch,
+) {
     let url = fleet.endpoints()[i].url.clone();
-    // The URL was validated with the config; a failure here is a bug, logged once.
-    let channel = match Endpoint::from_shared(url.clone()) {
+    // The URL and the TLS files were checked with the config; a failure here (a file
+    // removed since) leaves the endpoint marked down, logged once.
+    let channel = match super::dial(&url, &shared.cfg.upstreams) {
         Ok(e) => e
             .connect_timeout(t.connect)
             .tcp_nodelay(true)
             .connect_lazy(),
         Err(e) => {
-            tracing::error!(service = fleet.service(), endpoint = %url, error = %e, "bad upstream URL; never checked");
+            tracing::error!(service = fleet.service(), endpoint = %url, error = %e, "upstream cannot be dialled; never checked");
             return;
         }
     };

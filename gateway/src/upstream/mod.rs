@@ -46,6 +46,26 @@ use crate::metrics::Metrics;
 
 pub use health::Health;
 
+/// The tonic endpoint for `url`: plaintext for `http://`, TLS with `[upstreams.tls]`
+/// (its roots, the gateway's client certificate when set, `domain`) for `https://`.
+/// The calls ([`crate::forward`]) and the health checks ([`health`]) both dial through
+/// it, so a check proves the same handshake the calls make.
+pub fn dial(url: &str, u: &Upstreams) -> anyhow::Result<tonic::transport::Endpoint> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?;
+    if !url.starts_with("https://") {
+        return Ok(endpoint);
+    }
+    // Validation refuses an https:// URL without [upstreams.tls] or with files that
+    // do not load; they are read again here (a file changed since is an error).
+    let tls = u
+        .tls
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("{url}: https:// needs [upstreams.tls] ca_path"))?
+        .load("upstreams.tls")
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(endpoint.tls_config(tls)?)
+}
+
 /// One endpoint of a fleet.
 pub struct Endpoint {
     /// The URL as configured (also the `endpoint` label of its metrics).

@@ -7,14 +7,11 @@
 //!   Idempotent by order id: a letter whose order already exists is only marked
 //!   replayed. Exits non-zero when any letter failed again.
 
-use std::time::Duration;
-
-use anyhow::Context;
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb;
 use seckill_proto::pb::order_service_client::OrderServiceClient;
 use serde_json::json;
-use tonic::transport::Endpoint;
+use tonic::transport::Channel;
 
 /// `seckillctl dlq` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -41,20 +38,8 @@ fn status_err(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", s.code(), s.message())
 }
 
-/// Runs a `dlq` subcommand against orderd at `orderd`.
-pub async fn run(cmd: DlqCmd, orderd: &str, token: &str, json: bool) -> anyhow::Result<()> {
-    let addr = if orderd.contains("://") {
-        orderd.to_string()
-    } else {
-        format!("http://{orderd}")
-    };
-    let channel = Endpoint::from_shared(addr.clone())
-        .with_context(|| format!("bad address `{addr}`"))?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(120))
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to orderd at {addr}"))?;
+/// Runs a `dlq` subcommand against orderd over `channel`.
+pub async fn run(cmd: DlqCmd, channel: Channel, token: &str, json: bool) -> anyhow::Result<()> {
     let token = AttachToken::new(token).map_err(|s| anyhow::anyhow!("--token: {}", s.message()))?;
     let mut client = OrderServiceClient::with_interceptor(channel, token);
     match cmd {

@@ -43,6 +43,18 @@ struct Cli {
     /// Print JSON (one document) instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// PEM CA certificate(s) that verify the daemons; needed for `https://` addresses.
+    #[arg(long, global = true, env = "SECKILLCTL_TLS_CA", default_value = "")]
+    tls_ca: String,
+    /// PEM client certificate chain, for daemons with `[grpc.tls] client_ca_path`.
+    #[arg(long, global = true, env = "SECKILLCTL_TLS_CERT", default_value = "")]
+    tls_cert: String,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, global = true, env = "SECKILLCTL_TLS_KEY", default_value = "")]
+    tls_key: String,
+    /// Name to verify the daemons' certificates against (default: the address's host).
+    #[arg(long, global = true, default_value = "")]
+    tls_domain: String,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -112,16 +124,47 @@ enum ActivityCmd {
 
 type Admin = AdminServiceClient<InterceptedService<Channel, AttachToken>>;
 
-async fn channel(addr: &str) -> anyhow::Result<Channel> {
+/// How `https://` addresses are dialled (the `--tls-*` flags).
+fn client_tls(cli: &Cli) -> seckill_daemon::tls::ClientTls {
+    seckill_daemon::tls::ClientTls {
+        ca_path: cli.tls_ca.clone(),
+        cert_path: cli.tls_cert.clone(),
+        key_path: cli.tls_key.clone(),
+        domain: cli.tls_domain.clone(),
+    }
+}
+
+/// The flag of a field of the section `tls` ([`client_tls`]): `tls.ca_path` is `--tls-ca`.
+fn flag(field: &str) -> String {
+    format!(
+        "--{}",
+        field.trim_end_matches("_path").replace(['.', '_'], "-")
+    )
+}
+
+/// A channel to `addr` (`host:port` means `http://host:port`); `https://` over TLS with
+/// `tls`. Calls time out after `timeout`.
+pub(crate) async fn channel(
+    addr: &str,
+    tls: &seckill_daemon::tls::ClientTls,
+    timeout: Duration,
+) -> anyhow::Result<Channel> {
     let addr = if addr.contains("://") {
         addr.to_string()
     } else {
         format!("http://{addr}")
     };
-    Endpoint::from_shared(addr.clone())
-        .with_context(|| format!("bad address `{addr}`"))?
+    let mut endpoint =
+        Endpoint::from_shared(addr.clone()).with_context(|| format!("bad address `{addr}`"))?;
+    if addr.starts_with("https://") {
+        let config = tls
+            .load("tls")
+            .map_err(|e| anyhow::anyhow!("{}: {}", flag(&e.field), e.problem))?;
+        endpoint = endpoint.tls_config(config)?;
+    }
+    endpoint
         .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))
@@ -131,7 +174,7 @@ async fn admin(cli: &Cli) -> anyhow::Result<Admin> {
     let token =
         AttachToken::new(&cli.token).map_err(|s| anyhow::anyhow!("--token: {}", s.message()))?;
     Ok(AdminServiceClient::with_interceptor(
-        channel(&cli.stockd).await?,
+        channel(&cli.stockd, &client_tls(cli), Duration::from_secs(30)).await?,
         token,
     ))
 }
@@ -324,10 +367,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             output::print(json_out, value, text);
         }
         Cmd::Dlq(_) => {
+            let tls = client_tls(&cli);
+            let channel = channel(&cli.orderd, &tls, Duration::from_secs(120))
+                .await
+                .context("orderd")?;
             let Cmd::Dlq(cmd) = cli.cmd else {
                 unreachable!()
             };
-            return dlq::run(cmd, &cli.orderd, &cli.token, json_out).await;
+            return dlq::run(cmd, channel, &cli.token, json_out).await;
         }
     }
     Ok(())
