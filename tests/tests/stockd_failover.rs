@@ -258,7 +258,10 @@ async fn failover_under_load(replica_acks: u32) -> Outcome {
         h.metrics.lost_reservations_total(),
         h.metrics.lost_unconfirmed.get(),
         h.metrics.replica_ack_timeouts.get(),
-        h.metrics.redis_errors.with_label_values(&["noscript"]).get(),
+        h.metrics
+            .redis_errors
+            .with_label_values(&["noscript"])
+            .get(),
     );
     Outcome {
         lost_metric: h.metrics.lost_reservations_total(),
