@@ -121,11 +121,6 @@ impl Redis {
         }
     }
 
-    /// True when writes wait for replicas (`redis.replica_acks` > 0).
-    pub fn waits_for_replicas(&self) -> bool {
-        self.acks.is_some()
-    }
-
     /// Runs `fut` under the configured deadline, counting errors.
     pub async fn deadline<T>(
         &self,
