@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fred::prelude::*;
+use fred::types::cluster::ClusterRouting;
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use seckill_daemon::redis::Scripts;
@@ -150,7 +151,13 @@ impl Acks {
             return Vec::new();
         };
         let client = lent.client();
-        let masters: Vec<Option<Server>> = jobs.iter().map(|j| master_of(client, j.slot)).collect();
+        // One copy of the routing table before the pipeline and one after, not one per
+        // job and lookup (each copy allocates).
+        let routing = client.cached_cluster_state();
+        let masters: Vec<Option<Server>> = jobs
+            .iter()
+            .map(|j| owner(routing.as_ref(), j.slot))
+            .collect();
         let mark = self.scripts.mark();
         let p = client.pipeline();
         let mut queued: Result<(), fred::error::Error> = Ok(());
@@ -186,6 +193,7 @@ impl Acks {
             .unwrap_or(0);
         // The node the WAIT asked: a job counts only if its script ran there too.
         let asked = masters[0].clone();
+        let routing = client.cached_cluster_state();
         let mut again = Vec::new();
         let mut reload = false;
         for ((mut j, answer), before) in jobs.into_iter().zip(answers).zip(masters) {
@@ -199,8 +207,9 @@ impl Acks {
                     let _ = j.answer.send(Err(e));
                 }
                 Ok(value) => {
-                    let moved =
-                        before.is_none() || before != asked || before != master_of(client, j.slot);
+                    let moved = before.is_none()
+                        || before != asked
+                        || before != owner(routing.as_ref(), j.slot);
                     let _ = j
                         .answer
                         .send(Ok((value, !moved && waited >= self.replicas)));
@@ -243,9 +252,12 @@ impl Lane {
 
 /// The master the client's routing table names for `slot`.
 pub fn master_of(client: &Client, slot: u16) -> Option<Server> {
-    client
-        .cached_cluster_state()
-        .and_then(|s| s.get_server(slot).cloned())
+    owner(client.cached_cluster_state().as_ref(), slot)
+}
+
+/// The master `routing` names for `slot`.
+fn owner(routing: Option<&ClusterRouting>, slot: u16) -> Option<Server> {
+    routing.and_then(|r| r.get_server(slot).cloned())
 }
 
 /// Clients each lent to one pipeline at a time.
