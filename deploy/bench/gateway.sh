@@ -12,15 +12,24 @@
 # medians; ratio = ours / nginx (req/s: higher is better; latency and CPU: lower is).
 # Then the memory case: RSS of the gateway after RSS_IPS distinct client IPs (sent as
 # X-Forwarded-For from a trusted proxy, each one creating a per-IP bucket).
+# Then the challenge cases (issue 14), each a ratio against OUR sold-out answer measured
+# in the same runs, interleaved (anchor = the gateway's own 410, not nginx):
+#   challenge_issue   POST .../items/8/challenge with a JWT: a signed puzzle (JWT check,
+#                     one HMAC, one random draw; no Redis)       target >= 1.0x sold-out
+#   challenge_redeem  POST .../items/8/token with a solved puzzle already spent: the full
+#                     verification (JWT, MAC, 32 sub-solutions) and the one Redis
+#                     SET NX that refuses it (409 challenge_replayed)
 #
 # Output: ${RESULTS_DIR:-results}/gateway.tsv (case ours anchor ratio unit), a table on
 # stdout, raw wrk output under $WORK. Every process it starts is stopped by PID.
 #
 # Usage:  deploy/bench/gateway.sh                 (from the repo root)
-# Knobs:  CASES="sold_out limited banned rss"
+# Knobs:  CASES="sold_out limited banned rss challenge room_beat"
 #         QUIET_MAX=0.3 QUIET_WAIT=15 (per run: wait for an idle machine)
 #         RUNS=3 DUR=10s CONNS=64 PIN=0 RSS_IPS=1000000 BUILD=1 DO_INSTALL=1 BENCH_TARGET=target/bench
 #         REF=<path to shared/bench/reference> WORK=/tmp/gateway-bench
+#         LIMITS_EXTRA='fleet = true' (TOML lines added to [limits] of the sold_out and
+#         limited configs, e.g. to measure them with the fleet-shared budgets on)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,7 +41,8 @@ DUR=${DUR:-10s}
 CONNS=${CONNS:-64}
 PIN=${PIN:-0}
 RSS_IPS=${RSS_IPS:-1000000}
-CASES=${CASES:-"sold_out limited banned rss"}
+CASES=${CASES:-"sold_out limited banned rss challenge room_beat"}
+LIMITS_EXTRA=${LIMITS_EXTRA:-}
 want() { [[ " $CASES " == *" $1 "* ]]; }
 BUILD=${BUILD:-1}
 DO_INSTALL=${DO_INSTALL:-1}
@@ -104,6 +114,11 @@ rcli SADD sk:activities 1
 rcli HSET 'sk:{1}:meta' title bench start_ms 0 end_ms 4102444800000 shards 8 items 7 version 1 \
     stock:7 1000 title:7 phone price:7 19900
 for i in 0 1 2 3 4 5 6 7; do rcli SET "sk:{1:$i}:stock:7" 0; done
+# activity 2, item 8 on sale (stock on both shards), proof-of-work 14 bits x 32.
+rcli SADD sk:activities 2
+rcli HSET 'sk:{2}:meta' title bench2 start_ms 0 end_ms 4102444800000 shards 2 items 8 version 1 \
+    stock:8 1000 title:8 tablet price:8 9900 challenge_bits 14
+for i in 0 1; do rcli SET "sk:{2:$i}:stock:8" 500; done
 
 # ------------------------------------------------------------------ nginx (1 worker)
 NGX_DIR=$WORK/nginx
@@ -150,10 +165,12 @@ TOML
 }
 CFG_SOLD=$(gw_config sold_out '[limits]
 per_ip = { rate = 1000000000.0, burst = 1000000000.0 }
+'"$LIMITS_EXTRA"'
 [bans]
 auto_ban_threshold = 0')
 CFG_LIMITED=$(gw_config limited '[limits]
 per_ip = { rate = 1.0, burst = 1.0 }
+'"$LIMITS_EXTRA"'
 [bans]
 auto_ban_threshold = 0')
 CFG_BANNED=$(gw_config banned '[bans]
@@ -273,6 +290,124 @@ if want banned; then
     log "case banned"
     start_gw "$CFG_BANNED" "http://127.0.0.1:$GW_PORT/api/v1/activities" 403
     bench_case banned "http://127.0.0.1:$GW_PORT/api/v1/activities" "" "http://127.0.0.1:$NGX_DENY_PORT/"
+    stop_pid "$GW_PID" INT
+fi
+if want challenge; then
+    log "case challenge"
+    CFG_CHALLENGE=$(gw_config challenge '[limits]
+per_ip = { rate = 1000000000.0, burst = 1000000000.0 }
+per_user = { rate = 1000000000.0, burst = 1000000000.0 }
+[bans]
+auto_ban_threshold = 0
+[challenge]
+keys = [{ id = "bench", secret = "bench-challenge-secret-0123456789" }]')
+    CH_URL="http://127.0.0.1:$GW_PORT/api/v1/activities/2/items/8/challenge"
+    TOKEN_URL="http://127.0.0.1:$GW_PORT/api/v1/activities/2/items/8/token"
+    start_gw "$CFG_CHALLENGE" "$RESERVE_URL" 410 POST
+    # An HS256 JWT for "bench-user" (the config's jwt_secret), a day long.
+    JWT=$(python3 - <<'PY'
+import base64, hashlib, hmac, json, time
+b = lambda d: base64.urlsafe_b64encode(d).rstrip(b"=").decode()
+h = b(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+p = b(json.dumps({"sub": "bench-user", "exp": int(time.time()) + 86400}).encode())
+s = b(hmac.new(b"bench-jwt-secret-0123456789", f"{h}.{p}".encode(), hashlib.sha256).digest())
+print(f"{h}.{p}.{s}")
+PY
+)
+    for _ in $(seq 50); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $JWT" "$CH_URL")
+        [ "$code" = 200 ] && break; sleep 0.2
+    done
+    [ "$code" = 200 ] || { log "challenge issue answered $code"; exit 1; }
+    # One puzzle, solved here, redeemed once (200): every later redeem is the full
+    # verification refused by the single-use SET NX (409).
+    BODY=$(curl -s -X POST -H "Authorization: Bearer $JWT" "$CH_URL" | python3 -c '
+import hashlib, json, struct, sys
+c = json.load(sys.stdin)
+seed = bytes.fromhex(c["seed"])
+def ok(i, n):
+    h = int.from_bytes(hashlib.sha256(seed + struct.pack(">IQ", i, n)).digest()[:8], "big")
+    return h >> (64 - c["bits"]) == 0
+sol = []
+for i in range(c["count"]):
+    n = 0
+    while not ok(i, n): n += 1
+    sol.append(n)
+print(json.dumps({"challenge": c["challenge"], "solutions": sol}))')
+    first=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $JWT" \
+        -H 'Content-Type: application/json' --data "$BODY" "$TOKEN_URL")
+    again=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $JWT" \
+        -H 'Content-Type: application/json' --data "$BODY" "$TOKEN_URL")
+    [ "$first $again" = "200 409" ] || { log "redeem answered $first then $again (want 200 409)"; exit 1; }
+    ISSUE_LUA=$WORK/issue.lua; REDEEM_LUA=$WORK/redeem.lua
+    printf 'wrk.method = "POST"\nwrk.headers["Authorization"] = "Bearer %s"\n' "$JWT" >"$ISSUE_LUA"
+    {
+        printf 'wrk.method = "POST"\nwrk.headers["Authorization"] = "Bearer %s"\n' "$JWT"
+        printf 'wrk.headers["Content-Type"] = "application/json"\nwrk.body = [[%s]]\n' "$BODY"
+    } >"$REDEEM_LUA"
+    s_rps=(); i_rps=(); r_rps=(); i_us=(); r_us=(); s_us=()
+    for r in $(seq "$RUNS"); do
+        quiet_gate; read -r a b c d < <(one_run "ch-sold-$r" "$RESERVE_URL" "$POST_LUA" "$GW_PID"); s_rps+=("$a"); s_us+=("$d")
+        quiet_gate; read -r a b c d < <(one_run "ch-issue-$r" "$CH_URL" "$ISSUE_LUA" "$GW_PID"); i_rps+=("$a"); i_us+=("$d")
+        quiet_gate; read -r a b c d < <(one_run "ch-redeem-$r" "$TOKEN_URL" "$REDEEM_LUA" "$GW_PID"); r_rps+=("$a"); r_us+=("$d")
+        log "challenge run $r: sold-out ${s_rps[-1]}, issue ${i_rps[-1]}, redeem ${r_rps[-1]} req/s"
+    done
+    grep -q 'Non-2xx' "$WORK/wrk-ch-issue-1.txt" && log "WARNING: challenge issue answered non-2xx (see $WORK/wrk-ch-issue-1.txt)"
+    row challenge_issue "$(median "${i_rps[@]}")" "$(median "${s_rps[@]}")" "req/s vs our sold-out"
+    row challenge_issue_cpu "$(median "${i_us[@]}")" "$(median "${s_us[@]}")" "us/req vs our sold-out"
+    row challenge_redeem "$(median "${r_rps[@]}")" "$(median "${s_rps[@]}")" "req/s vs our sold-out"
+    row challenge_redeem_cpu "$(median "${r_us[@]}")" "$(median "${s_us[@]}")" "us/req vs our sold-out"
+    stop_pid "$GW_PID" INT
+fi
+# ------------------------------------------------------------------ waiting room: queued heartbeat
+# One gateway with [room] method = "fifo" and the room of activity 1 paused (admin knob), so
+# a heartbeat stays "waiting". Anchor: the sold-out reserve of the same process, runs
+# interleaved; ratio = heartbeat / sold out (req/s). No Redis call on either path.
+if want room_beat; then
+    log "case room_beat"
+    CFG_ROOM=$(gw_config room '[limits]
+per_ip = { rate = 1000000000.0, burst = 1000000000.0 }
+per_user = { rate = 1000000000.0, burst = 1000000000.0 }
+[bans]
+auto_ban_threshold = 0
+[dev]
+enabled = true
+[room]
+method = "fifo"
+hold_secs = 3600
+tick_ms = 100')
+    start_gw "$CFG_ROOM" "$RESERVE_URL" 410 POST
+    curl -s -o /dev/null -X POST "http://127.0.0.1:$GW_ADMIN/room/1" -H 'content-type: application/json' -d '{"paused": true}'
+    for _ in $(seq 50); do curl -s "http://127.0.0.1:$GW_ADMIN/room/1" | grep -q '"paused":true' && break; sleep 0.1; done
+    JWT=$(curl -s -X POST "http://127.0.0.1:$GW_PORT/api/v1/dev/token" -H 'content-type: application/json' \
+        -d '{"user_id": "bench-queued"}' | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
+    PLACE=$(curl -s -X POST "http://127.0.0.1:$GW_PORT/api/v1/activities/1/room/join" -H "authorization: Bearer $JWT" \
+        | sed -n 's/.*"position_token":"\([^"]*\)".*/\1/p')
+    [ -n "$PLACE" ] || { log "room join failed"; exit 1; }
+    BEAT_URL="http://127.0.0.1:$GW_PORT/api/v1/activities/1/room/heartbeat"
+    BEAT_LUA=$WORK/beat.lua
+    cat >"$BEAT_LUA" <<LUA
+wrk.method = "POST"
+wrk.headers["Authorization"] = "Bearer $JWT"
+wrk.headers["X-Room-Token"] = "$PLACE"
+LUA
+    state=$(curl -s -X POST "$BEAT_URL" -H "authorization: Bearer $JWT" -H "x-room-token: $PLACE" | sed -n 's/.*"state":"\([a-z_]*\)".*/\1/p')
+    [ "$state" = waiting ] || { log "heartbeat answered state '$state', want waiting"; exit 1; }
+    b_rps=(); b_p50=(); b_p99=(); b_us=(); s_rps=(); s_p50=(); s_p99=(); s_us=()
+    "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d2s -s "$BEAT_LUA" "$BEAT_URL" >/dev/null 2>&1
+    for r in $(seq "$RUNS"); do
+        quiet_gate
+        read -r a b c d < <(one_run "sold-anchor-$r" "$RESERVE_URL" "$POST_LUA" "$GW_PID")
+        s_rps+=("$a"); s_p50+=("$b"); s_p99+=("$c"); s_us+=("$d")
+        quiet_gate
+        read -r a b c d < <(one_run "room-beat-$r" "$BEAT_URL" "$BEAT_LUA" "$GW_PID")
+        b_rps+=("$a"); b_p50+=("$b"); b_p99+=("$c"); b_us+=("$d")
+        log "room_beat run $r: heartbeat ${b_rps[-1]} req/s, sold out ${s_rps[-1]} req/s"
+    done
+    row room_beat "$(median "${b_rps[@]}")" "$(median "${s_rps[@]}")" "req/s (anchor: our sold out)"
+    row room_beat_p50 "$(median "${b_p50[@]}")" "$(median "${s_p50[@]}")" "ms"
+    row room_beat_p99 "$(median "${b_p99[@]}")" "$(median "${s_p99[@]}")" "ms"
+    row room_beat_cpu "$(median "${b_us[@]}")" "$(median "${s_us[@]}")" "us/req"
     stop_pid "$GW_PID" INT
 fi
 want rss || { echo; column -t -s $'\t' "$TSV"; exit 0; }

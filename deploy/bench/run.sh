@@ -19,7 +19,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 export RESULTS_DIR=${RESULTS_DIR:-$ROOT/results/bench-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$RESULTS_DIR"
 
-if [ $# -gt 0 ]; then NAMES=("$@"); else NAMES=(stockd orderd gateway); fi
+if [ $# -gt 0 ]; then NAMES=("$@"); else NAMES=(stockd orderd gateway reserve idle); fi
 
 declare -A STATUS
 failed=0

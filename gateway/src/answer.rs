@@ -43,6 +43,18 @@ pub enum Refusal {
     Duplicate(String),
     /// The order's final state after losing a transition.
     Conflict(Value),
+    /// Fewer units than the quantity asked for are left (this many, >= 1).
+    NotEnough {
+        remaining: i64,
+    },
+    /// A purchase token asked without a good proof-of-work solution (`fair::challenge`).
+    Challenge(crate::fair::challenge::Rejection),
+    /// A waiting-room answer (`crate::fair::room`): its status and stable code.
+    Room {
+        status: u16,
+        code: &'static str,
+        message: Cow<'static, str>,
+    },
 }
 
 /// Outcome labels for metrics and the access log.
@@ -69,11 +81,15 @@ pub enum Outcome {
     BackendUnavailable,
     Duplicate,
     Conflict,
+    ChallengeFailed,
     Closed,
+    NotEnough,
+    /// Refused by the waiting room (no admission, place lost, kill switch).
+    Room,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 21] = [
+    pub const ALL: [Outcome; 24] = [
         Self::Ok,
         Self::Reserved,
         Self::Banned,
@@ -94,7 +110,10 @@ impl Outcome {
         Self::BackendUnavailable,
         Self::Duplicate,
         Self::Conflict,
+        Self::ChallengeFailed,
         Self::Closed,
+        Self::NotEnough,
+        Self::Room,
     ];
 
     pub fn label(self) -> &'static str {
@@ -119,7 +138,10 @@ impl Outcome {
             Self::BackendUnavailable => "backend_unavailable",
             Self::Duplicate => "duplicate",
             Self::Conflict => "conflict",
+            Self::ChallengeFailed => "challenge_failed",
             Self::Closed => "closed",
+            Self::NotEnough => "not_enough_stock",
+            Self::Room => "room",
         }
     }
 }
@@ -145,15 +167,19 @@ impl Refusal {
             Self::BackendUnavailable(_) => Outcome::BackendUnavailable,
             Self::Duplicate(_) => Outcome::Duplicate,
             Self::Conflict(_) => Outcome::Conflict,
+            Self::NotEnough { .. } => Outcome::NotEnough,
+            Self::Challenge(_) => Outcome::ChallengeFailed,
+            Self::Room { .. } => Outcome::Room,
         }
     }
 
     /// True for refusals that count toward the auto-ban.
     pub fn is_abuse(&self) -> bool {
-        matches!(
-            self,
-            Self::RateLimited(_) | Self::Unauthenticated(_) | Self::BadPurchaseToken(_)
-        )
+        match self {
+            Self::RateLimited(_) | Self::Unauthenticated(_) | Self::BadPurchaseToken(_) => true,
+            Self::Challenge(r) => r.is_abuse(),
+            _ => false,
+        }
     }
 
     pub fn status(&self) -> u16 {
@@ -170,7 +196,9 @@ impl Refusal {
             Self::HeadersTooLarge => 431,
             Self::BadRequest(_) => 400,
             Self::BackendUnavailable(_) => 503,
-            Self::Duplicate(_) | Self::Conflict(_) => 409,
+            Self::Duplicate(_) | Self::Conflict(_) | Self::NotEnough { .. } => 409,
+            Self::Challenge(r) => r.status(),
+            Self::Room { status, .. } => *status,
         }
     }
 
@@ -206,6 +234,12 @@ impl Refusal {
             ),
             Self::Duplicate(_) => ("duplicate", "you already hold this item".into()),
             Self::Conflict(_) => ("conflict", "the order changed state first".into()),
+            Self::NotEnough { remaining } => (
+                "not_enough_stock",
+                format!("only {remaining} left: ask for fewer units").into(),
+            ),
+            Self::Challenge(r) => (r.code(), r.message().into()),
+            Self::Room { code, message, .. } => (code, message.as_ref().into()),
         };
         let mut v = json!({"error": {"code": code, "message": message}});
         match self {
@@ -219,6 +253,10 @@ impl Refusal {
             Self::Duplicate(rid) => v["reservation_id"] = json!(rid),
             Self::Unauthenticated(e) => v["error"]["reason"] = json!(e.reason()),
             Self::Conflict(order) => v["order"] = order.clone(),
+            Self::NotEnough { remaining } => v["remaining"] = json!(remaining),
+            Self::Challenge(crate::fair::challenge::Rejection::Unsolved(i)) => {
+                v["error"]["index"] = json!(i)
+            }
             _ => {}
         }
         v
@@ -229,6 +267,7 @@ impl Refusal {
             Self::RateLimited(s) => Some(u64::from(*s)),
             Self::Busy => Some(1),
             Self::BackendUnavailable(s) => Some(*s),
+            Self::Room { status: 503, .. } => Some(60),
             _ => None,
         }
     }
@@ -430,6 +469,7 @@ mod tests {
             (Refusal::HeadersTooLarge, 431, "headers_too_large"),
             (Refusal::BackendUnavailable(1), 503, "backend_unavailable"),
             (Refusal::Duplicate("1-2-3-a-4".into()), 409, "duplicate"),
+            (Refusal::NotEnough { remaining: 2 }, 409, "not_enough_stock"),
         ];
         for (r, status, code) in cases {
             assert_eq!(r.status(), status);
@@ -444,6 +484,7 @@ mod tests {
         assert_eq!(early["start_at_ms"], 5);
         assert_eq!(early["server_time_ms"], 3);
         assert_eq!(Refusal::Duplicate("r".into()).body()["reservation_id"], "r");
+        assert_eq!(Refusal::NotEnough { remaining: 2 }.body()["remaining"], 2);
         assert_eq!(Refusal::RateLimited(3).retry_after(), Some(3));
         assert_eq!(Refusal::SoldOut.retry_after(), None);
     }

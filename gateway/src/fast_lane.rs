@@ -351,6 +351,7 @@ mod tests {
             start_ms: 0,
             end_ms: i64::MAX,
             shards: 2,
+            per_user_limit: 1,
             version: 1,
             items: vec![ItemMeta {
                 id: 7,
@@ -359,6 +360,7 @@ mod tests {
                 sale_price_cents: 100,
                 total: 1,
             }],
+            challenge_bits: None,
         }]);
         sh.catalog
             .set_holders(1, 7, [Box::from("alice")].into_iter().collect());

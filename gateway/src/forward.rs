@@ -42,10 +42,16 @@ pub struct Clients {
 /// What stockd said about a reservation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reserve {
-    Reserved(String),
-    Duplicate(String),
+    /// The reservation id and the units it holds.
+    Reserved(String, u32),
+    /// The reservation the user already holds and its units.
+    Duplicate(String, u32),
     SoldOut,
-    NotStarted { start_at_ms: i64 },
+    /// Fewer units than asked for are left (this many, >= 1).
+    NotEnough(i64),
+    NotStarted {
+        start_at_ms: i64,
+    },
     Ended,
     NotFound,
 }
@@ -120,12 +126,13 @@ impl Clients {
     }
 
     /// Safe to try on a second stockd: the same request id answers the same reservation.
+    /// `quantity` 0 means 1.
     pub async fn reserve(
         &self,
-        a: u64,
-        s: u64,
+        (a, s): (u64, u64),
         user: &str,
         request_id: &str,
+        quantity: u32,
         traceparent: Option<&str>,
     ) -> Result<(Reserve, i64), tonic::Status> {
         // The buyer's trace context, for stockd to write into the stream entry.
@@ -139,6 +146,7 @@ impl Clients {
                     item_id: s,
                     user_id: user.to_string(),
                     request_id: request_id.to_string(),
+                    quantity,
                 };
                 let mut r = req(msg, left);
                 if let Some(tp) = tp.clone() {
@@ -149,9 +157,10 @@ impl Clients {
             .await?;
         use pb::ReserveOutcome as O;
         let outcome = match O::try_from(r.outcome).unwrap_or(O::Unspecified) {
-            O::Reserved => Reserve::Reserved(r.reservation_id),
-            O::Duplicate => Reserve::Duplicate(r.reservation_id),
+            O::Reserved => Reserve::Reserved(r.reservation_id, r.quantity.max(1)),
+            O::Duplicate => Reserve::Duplicate(r.reservation_id, r.quantity.max(1)),
             O::SoldOut => Reserve::SoldOut,
+            O::NotEnough => Reserve::NotEnough(r.item_remaining),
             O::NotStarted => Reserve::NotStarted {
                 start_at_ms: r.start_at_ms,
             },
@@ -275,6 +284,8 @@ pub fn order_json(o: &pb::Order) -> Value {
         "activity_id": o.activity_id,
         "item_id": o.item_id,
         "state": state_name(o.state),
+        // Units the order holds; 1 from an orderd older than the field.
+        "quantity": o.quantity.max(1),
         "amount_cents": o.amount_cents,
         "created_at_ms": o.created_at_ms,
         "pay_deadline_ms": o.pay_deadline_ms,
@@ -312,6 +323,7 @@ mod tests {
         let v = order_json(&o);
         assert_eq!(v["state"], "PENDING_PAYMENT");
         assert_eq!(v["amount_cents"], 19900);
+        assert_eq!(v["quantity"], 1);
         assert!(!is_final(o.state));
         assert!(is_final(pb::OrderState::Paid as i32));
         let lost = pb::OrderChange {

@@ -18,7 +18,10 @@
 //! - [`deadline`]: the total read deadline per request (slow clients).
 //! - [`fast_lane`]: the hot refusals of plain HTTP/1.1 written before pingora's session.
 //! - [`redis`]: background feeds (activities, stock, sold-out, bans).
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`. [`metrics`]: the registry.
+//! - [`fair`]: fair entry: [`fair::room`], the virtual waiting room (its own Redis
+//!   tick loop; the purchase-token handler asks it first), and [`fair::challenge`], the
+//!   proof-of-work challenge before a purchase token.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, the room knobs. [`metrics`]: the registry.
 //! - [`config`]: the TOML file. [`run`]: builds the pingora server and runs it.
 #![forbid(unsafe_code)]
 
@@ -28,8 +31,10 @@ pub mod answer;
 pub mod auth;
 pub mod config;
 pub mod deadline;
+pub mod fair;
 pub mod fast_lane;
 pub mod filters;
+pub mod fleet;
 pub mod forward;
 pub mod handlers;
 pub mod ip_ban;
@@ -149,6 +154,14 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         redis::Feeds::new(shared.clone(), announce_rx),
     ));
     server.add_service(background_service(
+        "fleet budgets",
+        fleet::FleetSync::new(shared.clone()),
+    ));
+    server.add_service(background_service(
+        "waiting room",
+        fair::room::tick::Ticker::new(shared.clone()),
+    ));
+    server.add_service(background_service(
         "upstream health",
         upstream::Health::new(shared.clone()),
     ));
@@ -177,7 +190,14 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
 /// in a warning, and a graceful upgrade (`systemctl reload gateway`: `-u` + SIGQUIT)
 /// applies it without dropping a connection.
 pub fn reloads_live(field: &str) -> bool {
-    const SECTIONS: [&str; 5] = ["limits.", "bans.", "admission.", "protection.", "auth.keys"];
+    const SECTIONS: [&str; 6] = [
+        "limits.",
+        "bans.",
+        "admission.",
+        "protection.",
+        "auth.keys",
+        "challenge.",
+    ];
     const FIELDS: [&str; 4] = [
         "server.access_log",
         "auth.jwks_path",
@@ -251,6 +271,7 @@ mod tests {
             "bans.deny",
             "admission.k",
             "protection.request_read_ms",
+            "challenge.keys",
             "server.access_log",
             "log.level",
         ] {

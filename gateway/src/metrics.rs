@@ -17,9 +17,14 @@ pub struct Metrics {
     upstream_errors: IntCounterVec,
     upstream_healthy: IntGaugeVec,
     upstream_failovers: IntCounterVec,
+    upstream_seconds: HistogramVec,
     pub tracked_ips: IntGauge,
     pub auto_bans: IntCounter,
     pub catalog_refresh_errors: IntCounter,
+    /// 1 while `limits.fleet` budgets run on the local share (Redis unreachable).
+    pub fleet_fallback: IntGauge,
+    /// Failed reconciliations of the fleet-shared budgets with Redis.
+    pub fleet_sync_errors: IntCounter,
 }
 
 const N_OUT: usize = Outcome::ALL.len();
@@ -71,6 +76,19 @@ impl Metrics {
             &["service"],
         )
         .expect("metric");
+        let upstream_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "gateway_upstream_call_seconds",
+                "Whole gRPC calls to stockd/orderd as the edge sees them (channel queueing, \
+                 failover and the daemon's own time included), by service",
+            )
+            .buckets(vec![
+                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5,
+            ]),
+            &["service"],
+        )
+        .expect("metric");
         let tracked_ips =
             IntGauge::new("gateway_tracked_ips", "Per-IP token buckets held").expect("metric");
         let auto_bans = IntCounter::new("gateway_auto_bans_total", "IPs banned by the auto-ban")
@@ -80,12 +98,25 @@ impl Metrics {
             "Failed reads of activities, stock or bans from Redis",
         )
         .expect("metric");
+        let fleet_fallback = IntGauge::new(
+            "gateway_fleet_fallback",
+            "1 while the fleet-shared budgets (limits.fleet) run on rate / fleet_size because Redis is unreachable",
+        )
+        .expect("metric");
+        let fleet_sync_errors = IntCounter::new(
+            "gateway_fleet_sync_errors_total",
+            "Failed reconciliations of the fleet-shared budgets with Redis",
+        )
+        .expect("metric");
         for c in [
+            Box::new(fleet_fallback.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(fleet_sync_errors.clone()),
             Box::new(decisions_vec.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency_vec.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(upstream_healthy.clone()),
             Box::new(upstream_failovers.clone()),
+            Box::new(upstream_seconds.clone()),
             Box::new(tracked_ips.clone()),
             Box::new(auto_bans.clone()),
             Box::new(catalog_refresh_errors.clone()),
@@ -109,9 +140,12 @@ impl Metrics {
             upstream_errors,
             upstream_healthy,
             upstream_failovers,
+            upstream_seconds,
             tracked_ips,
             auto_bans,
             catalog_refresh_errors,
+            fleet_fallback,
+            fleet_sync_errors,
         }
     }
 
@@ -135,6 +169,11 @@ impl Metrics {
     /// The failover counter of one service (resolved once, by `upstream::Fleet`).
     pub fn upstream_failovers(&self, service: &str) -> IntCounter {
         self.upstream_failovers.with_label_values(&[service])
+    }
+
+    /// The call latency histogram of one service (resolved once, by `upstream::Fleet`).
+    pub fn upstream_seconds(&self, service: &str) -> Histogram {
+        self.upstream_seconds.with_label_values(&[service])
     }
 
     /// The registry in Prometheus text (the `/metrics` body).

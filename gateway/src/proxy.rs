@@ -129,7 +129,7 @@ impl Gateway {
                     .get(http::header::AUTHORIZATION)
                     .map(|v| v.as_bytes()),
                 req.uri.query(),
-                matches!(route, Route::OrderEvents(_)),
+                matches!(route, Route::OrderEvents(_) | Route::RoomEvents(_)),
             );
             let mut cx = Cx {
                 shared,
@@ -186,12 +186,17 @@ impl Gateway {
             Route::GetActivity(a) => self.get_activity(session, ctx, req, *a).await,
             Route::DevToken => self.dev_token(session, ctx, req).await,
             Route::Token(a, s) => self.purchase_token(session, ctx, req, (*a, *s)).await,
+            Route::Challenge(a, s) => self.challenge(session, ctx, req, (*a, *s)).await,
             Route::Reserve(a, s) => self.reserve(session, ctx, req, (*a, *s)).await,
             Route::ListOrders => self.list_orders(session, ctx, req).await,
             Route::GetOrder(id) => self.get_order(session, ctx, req, id).await,
             Route::Pay(id) | Route::Cancel(id) => self.pay_or_cancel(session, ctx, req, id).await,
             Route::PaymentCallback => self.payment_callback(session, ctx, req).await,
             Route::OrderEvents(id) => self.order_events(session, ctx, req, id).await,
+            Route::RoomStatus(a) => self.room_status(session, ctx, *a).await,
+            Route::RoomJoin(a) => self.room_join(session, ctx, req, *a).await,
+            Route::RoomBeat(a) => self.room_beat(session, ctx, req, *a).await,
+            Route::RoomEvents(a) => self.room_events(session, ctx, req, *a).await,
         }
     }
 }

@@ -12,6 +12,15 @@
 //! Time is passed in as milliseconds on the gateway's monotonic clock, so tests drive
 //! the buckets with an explicit clock.
 //!
+//! Fleet sharing (`limits.fleet`, driven by `crate::fleet`): the per-user and per-route
+//! buckets also count what they let through per key (a second map per shard, `pending`,
+//! holding only the keys taken since the last drain, so the bucket entry stays 16
+//! bytes); the background sync drains those counts,
+//! reports them to the fleet-wide bucket in Redis and writes the fleet-wide level back
+//! into the local bucket ([`BucketMap::reconcile`]). A request still only touches its
+//! shard's lock. While Redis is unreachable the limiter uses rate and burst divided by
+//! `limits.fleet_size` ([`RateLimiter::set_fleet_down`]).
+//!
 //! (Over 400 lines: the bucket map, its eviction and the limiter over three keys (IP, user,
 //! route) with their tests.)
 
@@ -20,7 +29,7 @@ use crate::routes::RouteClass;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Outcome of a bucket check.
@@ -94,7 +103,14 @@ fn verdict(tokens: f64, limit: Bucket) -> Take {
     }
 }
 
-type Shard = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
+type Map = HashMap<u64, State, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Default)]
+struct Shard {
+    map: Map,
+    /// Tokens taken per key since the last drain (fleet sharing only; empty otherwise).
+    pending: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
+}
 
 const SHARDS: usize = 64;
 
@@ -138,13 +154,20 @@ impl BucketMap {
 
     /// Takes one token from `key`'s bucket.
     pub fn take(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
+        self.take_tracked(key, limit, now_ms, false)
+    }
+
+    /// [`Self::take`] that, when `track`, also counts the token for the next
+    /// [`Self::drain`] (fleet sharing).
+    pub fn take_tracked(&self, key: u64, limit: Bucket, now_ms: u64, track: bool) -> Take {
         let now = now_ms as u32;
-        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        let shard = &mut *guard;
         let cap = self.per_shard_cap.load(Ordering::Relaxed);
-        if shard.len() >= cap && !shard.contains_key(&key) {
-            Self::make_room(&mut shard, limit, now, cap);
+        if shard.map.len() >= cap && !shard.map.contains_key(&key) {
+            Self::make_room(&mut shard.map, limit, now, cap);
         }
-        let st = shard.entry(key).or_insert(State {
+        let st = shard.map.entry(key).or_insert(State {
             tokens: limit.burst as f32,
             last_ms: now,
         });
@@ -155,7 +178,42 @@ impl BucketMap {
             Take::Allowed => tokens - 1.0,
             Take::Limited { .. } => tokens,
         } as f32;
+        if track && verdict == Take::Allowed {
+            let n = shard.pending.entry(key).or_insert(0);
+            *n = n.saturating_add(1);
+        }
         verdict
+    }
+
+    /// The tokens taken per key since the last drain (tracked takes only), reset to 0.
+    pub fn drain(&self) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            let pending = {
+                let mut shard = s.lock().unwrap_or_else(|p| p.into_inner());
+                std::mem::take(&mut shard.pending)
+            };
+            out.extend(pending);
+        }
+        out
+    }
+
+    /// `key`'s bucket takes the fleet-wide `level` (read after the last drain), less
+    /// what it let through since that drain; never above `limit.burst`. A key no
+    /// longer tracked is left alone.
+    pub fn reconcile(&self, key: u64, level: f64, limit: Bucket, now_ms: u64) {
+        let now = now_ms as u32;
+        let mut guard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        let shard = &mut *guard;
+        let since = shard.pending.get(&key).copied().unwrap_or(0);
+        if let Some(st) = shard.map.get_mut(&key) {
+            let tokens = level - f64::from(since);
+            // Never owe more than a few seconds' worth: a bucket that cannot refill
+            // in reasonable time would lock its user out for the fleet's mistakes.
+            let floor = -(limit.burst + limit.rate * 10.0);
+            st.tokens = tokens.clamp(floor, limit.burst) as f32;
+            st.last_ms = now;
+        }
     }
 
     /// What [`Self::take`] would answer now, without taking or recording anything: a
@@ -164,13 +222,13 @@ impl BucketMap {
     pub fn peek(&self, key: u64, limit: Bucket, now_ms: u64) -> Take {
         let now = now_ms as u32;
         let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        match shard.get(&key) {
+        match shard.map.get(&key) {
             Some(st) => verdict(st.refilled(limit, now), limit),
             None => Take::Allowed,
         }
     }
 
-    fn make_room(shard: &mut Shard, limit: Bucket, now: u32, cap: usize) {
+    fn make_room(shard: &mut Map, limit: Bucket, now: u32, cap: usize) {
         let full_after_ms = (limit.burst / limit.rate * 1000.0) as u32;
         shard.retain(|_, st| now.wrapping_sub(st.last_ms) < full_after_ms);
         if shard.len() >= cap {
@@ -191,9 +249,11 @@ impl BucketMap {
         let mut dropped = 0;
         for s in self.shards.iter() {
             let mut shard = s.lock().unwrap_or_else(|p| p.into_inner());
-            let before = shard.len();
-            shard.retain(|_, st| now.wrapping_sub(st.last_ms) < idle);
-            dropped += before - shard.len();
+            let before = shard.map.len();
+            shard
+                .map
+                .retain(|_, st| now.wrapping_sub(st.last_ms) < idle);
+            dropped += before - shard.map.len();
         }
         dropped
     }
@@ -202,7 +262,7 @@ impl BucketMap {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).map.len())
             .sum()
     }
 
@@ -232,6 +292,27 @@ pub struct RateLimiter {
     ips: BucketMap,
     users: BucketMap,
     routes: BucketMap,
+    /// With `limits.fleet`: Redis could not be reached at the last sync, so the
+    /// per-user and per-route buckets run at rate / `fleet_size` on their own.
+    fleet_down: AtomicBool,
+}
+
+/// What a fleet-shared bucket (per user, per route) runs with: the configured bucket
+/// and tracked takes, or, while Redis is unreachable, its share of the fleet
+/// (rate and burst / `fleet_size`, burst at least 1) untracked.
+fn fleet_bucket(b: Bucket, limits: &Limits, down: bool) -> (Bucket, bool) {
+    if !limits.fleet {
+        return (b, false);
+    }
+    if down {
+        let n = f64::from(limits.fleet_size.max(1));
+        let share = Bucket {
+            rate: b.rate / n,
+            burst: (b.burst / n).max(1.0),
+        };
+        return (share, false);
+    }
+    (b, true)
 }
 
 impl RateLimiter {
@@ -240,17 +321,56 @@ impl RateLimiter {
             ips: BucketMap::new(max_tracked),
             users: BucketMap::new(max_tracked),
             routes: BucketMap::new(1024),
+            fleet_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Marks Redis unreachable (`true`: the fleet-shared buckets fall back to their
+    /// share) or reachable again.
+    pub fn set_fleet_down(&self, down: bool) {
+        self.fleet_down.store(down, Ordering::Relaxed);
+    }
+
+    pub fn fleet_down(&self) -> bool {
+        self.fleet_down.load(Ordering::Relaxed)
+    }
+
+    /// The per-user takes since the last drain, by [`user_key`].
+    pub fn drain_users(&self) -> Vec<(u64, u32)> {
+        self.users.drain()
+    }
+
+    /// The per-route takes since the last drain.
+    pub fn drain_routes(&self) -> Vec<(RouteClass, u32)> {
+        self.routes
+            .drain()
+            .into_iter()
+            .filter_map(|(k, n)| Some((*RouteClass::ALL.iter().find(|r| **r as u64 == k)?, n)))
+            .collect()
+    }
+
+    /// A user's bucket takes the fleet-wide level read from Redis.
+    pub fn reconcile_user(&self, key: u64, level: f64, limits: &Limits, now_ms: u64) {
+        self.users.reconcile(key, level, limits.per_user, now_ms);
+    }
+
+    /// A route's bucket takes the fleet-wide level read from Redis.
+    pub fn reconcile_route(&self, route: RouteClass, level: f64, limits: &Limits, now_ms: u64) {
+        if let Some(b) = limits.routes.get(route.name()) {
+            self.routes.reconcile(route as u64, level, *b, now_ms);
         }
     }
 
     /// The per-IP bucket, then the route's shared bucket when the route has one.
     pub fn check_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
-        self.ip_then_route(ip, route, limits, |m, k, b| m.take(k, b, now_ms))
+        self.ip_then_route(ip, route, limits, |m, k, b, track| {
+            m.take_tracked(k, b, now_ms, track)
+        })
     }
 
     /// What [`Self::check_ip`] would answer now, taking nothing.
     pub fn peek_ip(&self, ip: IpAddr, route: RouteClass, limits: &Limits, now_ms: u64) -> Take {
-        self.ip_then_route(ip, route, limits, |m, k, b| m.peek(k, b, now_ms))
+        self.ip_then_route(ip, route, limits, |m, k, b, _| m.peek(k, b, now_ms))
     }
 
     fn ip_then_route(
@@ -258,21 +378,25 @@ impl RateLimiter {
         ip: IpAddr,
         route: RouteClass,
         limits: &Limits,
-        bucket: impl Fn(&BucketMap, u64, Bucket) -> Take,
+        bucket: impl Fn(&BucketMap, u64, Bucket, bool) -> Take,
     ) -> Take {
-        let t = bucket(&self.ips, ip_key(ip), limits.per_ip);
+        let t = bucket(&self.ips, ip_key(ip), limits.per_ip, false);
         if t != Take::Allowed {
             return t;
         }
         match limits.routes.get(route.name()) {
-            Some(b) => bucket(&self.routes, route as u64, *b),
+            Some(b) => {
+                let (b, track) = fleet_bucket(*b, limits, self.fleet_down());
+                bucket(&self.routes, route as u64, b, track)
+            }
             None => Take::Allowed,
         }
     }
 
     /// The per-user bucket.
     pub fn check_user(&self, user: &str, limits: &Limits, now_ms: u64) -> Take {
-        self.users.take(user_key(user), limits.per_user, now_ms)
+        let (b, track) = fleet_bucket(limits.per_user, limits, self.fleet_down());
+        self.users.take_tracked(user_key(user), b, now_ms, track)
     }
 
     /// A new `limits.max_tracked` (a reload) for the per-IP and per-user buckets.
@@ -321,6 +445,70 @@ mod tests {
             m.take(k, B, 1000);
         }
         assert_eq!(m.len(), before + 1000);
+    }
+
+    #[test]
+    fn tracked_takes_are_drained_once_and_a_reconcile_takes_the_fleet_level() {
+        let m = BucketMap::new(10_000);
+        for _ in 0..3 {
+            assert_eq!(m.take_tracked(1, B, 1000, true), Take::Allowed);
+        }
+        // Refused and untracked takes are not counted.
+        assert!(matches!(
+            m.take_tracked(1, B, 1000, true),
+            Take::Limited { .. }
+        ));
+        assert_eq!(m.take_tracked(2, B, 1000, false), Take::Allowed);
+        assert_eq!(m.drain(), vec![(1, 3)]);
+        assert_eq!(m.drain(), vec![]);
+        // One more take after the drain, then the fleet says 2.5 tokens are left: the
+        // local bucket holds 2.5 - 1.
+        m.take_tracked(1, B, 1500, true);
+        m.reconcile(1, 2.5, B, 1500);
+        assert_eq!(m.take(1, B, 1500), Take::Allowed);
+        assert!(matches!(m.take(1, B, 1500), Take::Limited { .. }));
+        // The fleet owes tokens: the bucket goes negative and refills from there
+        // (2/s: -2 + 1.5 s x 2 = 1 token after 1.5 s).
+        m.reconcile(1, -1.0, B, 2000);
+        assert!(matches!(m.take(1, B, 3400), Take::Limited { .. }));
+        assert_eq!(m.take(1, B, 3500), Take::Allowed);
+        // Never above the burst, never below the floor; unknown keys are left alone.
+        m.reconcile(1, 100.0, B, 4000);
+        for _ in 0..3 {
+            assert_eq!(m.take(1, B, 4000), Take::Allowed);
+        }
+        assert!(matches!(m.take(1, B, 4000), Take::Limited { .. }));
+        m.reconcile(99, 1.0, B, 4000);
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn with_fleet_on_redis_down_means_the_share_of_the_fleet() {
+        let mut limits = Limits {
+            fleet: true,
+            fleet_size: 4,
+            per_user: Bucket {
+                rate: 8.0,
+                burst: 8.0,
+            },
+            ..Limits::default()
+        };
+        let r = RateLimiter::new(10_000);
+        r.set_fleet_down(true);
+        // burst 8 / 4 gateways = 2.
+        assert_eq!(r.check_user("u", &limits, 0), Take::Allowed);
+        assert_eq!(r.check_user("u", &limits, 0), Take::Allowed);
+        assert!(matches!(
+            r.check_user("u", &limits, 0),
+            Take::Limited { .. }
+        ));
+        assert!(r.drain_users().is_empty(), "untracked while down");
+        r.set_fleet_down(false);
+        assert_eq!(r.check_user("v", &limits, 0), Take::Allowed);
+        assert_eq!(r.drain_users(), vec![(user_key("v"), 1)]);
+        limits.fleet = false;
+        assert_eq!(r.check_user("v", &limits, 0), Take::Allowed);
+        assert!(r.drain_users().is_empty(), "untracked with fleet off");
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub enum Route {
     ListActivities,
     GetActivity(u64),
     Token(u64, u64),
+    /// `POST .../items/{s}/challenge`: a proof-of-work puzzle (`fair::challenge`).
+    Challenge(u64, u64),
     Reserve(u64, u64),
     ListOrders,
     GetOrder(String),
@@ -20,6 +22,14 @@ pub enum Route {
     Cancel(String),
     PaymentCallback,
     DevToken,
+    /// `GET /api/v1/activities/{a}/room`: the waiting room's status.
+    RoomStatus(u64),
+    /// `POST .../room/join`.
+    RoomJoin(u64),
+    /// `POST .../room/heartbeat`.
+    RoomBeat(u64),
+    /// `GET .../room/events` (SSE).
+    RoomEvents(u64),
     /// A known path with the wrong method.
     WrongMethod,
     NotFound,
@@ -37,10 +47,12 @@ pub enum RouteClass {
     Payments = 5,
     Dev = 6,
     Other = 7,
+    /// The waiting room (`limits.routes.room`).
+    Room = 8,
 }
 
 impl RouteClass {
-    pub const ALL: [RouteClass; 8] = [
+    pub const ALL: [RouteClass; 9] = [
         Self::Static,
         Self::Activities,
         Self::Token,
@@ -49,6 +61,7 @@ impl RouteClass {
         Self::Payments,
         Self::Dev,
         Self::Other,
+        Self::Room,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +74,7 @@ impl RouteClass {
             Self::Payments => "payments",
             Self::Dev => "dev",
             Self::Other => "other",
+            Self::Room => "room",
         }
     }
 
@@ -77,7 +91,8 @@ impl Route {
         match self {
             Route::Index | Route::OpenApi => RouteClass::Static,
             Route::ListActivities | Route::GetActivity(_) => RouteClass::Activities,
-            Route::Token(..) => RouteClass::Token,
+            // A challenge is the first half of a token: the same bucket.
+            Route::Token(..) | Route::Challenge(..) => RouteClass::Token,
             Route::Reserve(..) => RouteClass::Reserve,
             Route::ListOrders
             | Route::GetOrder(_)
@@ -86,6 +101,10 @@ impl Route {
             | Route::Cancel(_) => RouteClass::Orders,
             Route::PaymentCallback => RouteClass::Payments,
             Route::DevToken => RouteClass::Dev,
+            Route::RoomStatus(_)
+            | Route::RoomJoin(_)
+            | Route::RoomBeat(_)
+            | Route::RoomEvents(_) => RouteClass::Room,
             Route::WrongMethod | Route::NotFound => RouteClass::Other,
         }
     }
@@ -95,12 +114,16 @@ impl Route {
         matches!(
             self,
             Route::Token(..)
+                | Route::Challenge(..)
                 | Route::Reserve(..)
                 | Route::ListOrders
                 | Route::GetOrder(_)
                 | Route::OrderEvents(_)
                 | Route::Pay(_)
                 | Route::Cancel(_)
+                | Route::RoomJoin(_)
+                | Route::RoomBeat(_)
+                | Route::RoomEvents(_)
         )
     }
 
@@ -152,9 +175,22 @@ pub fn route(method: &Method, path: &str) -> Route {
             Some(a) => want(get, Route::GetActivity(a)),
             None => Route::NotFound,
         },
+        [Some("activities"), Some(a), Some("room"), None, ..] => match id(a) {
+            Some(a) => want(get, Route::RoomStatus(a)),
+            None => Route::NotFound,
+        },
+        [Some("activities"), Some(a), Some("room"), Some(action), None, ..] => {
+            match (id(a), action) {
+                (Some(a), "join") => want(post, Route::RoomJoin(a)),
+                (Some(a), "heartbeat") => want(post, Route::RoomBeat(a)),
+                (Some(a), "events") => want(get, Route::RoomEvents(a)),
+                _ => Route::NotFound,
+            }
+        }
         [Some("activities"), Some(a), Some("items"), Some(s), Some(action), None] => {
             match (id(a), id(s), action) {
                 (Some(a), Some(s), "token") => want(post, Route::Token(a, s)),
+                (Some(a), Some(s), "challenge") => want(post, Route::Challenge(a, s)),
                 (Some(a), Some(s), "reserve") => want(post, Route::Reserve(a, s)),
                 _ => Route::NotFound,
             }
@@ -195,6 +231,10 @@ mod tests {
             route(&p, "/api/v1/activities/1/items/7/reserve"),
             Route::Reserve(1, 7)
         );
+        assert_eq!(
+            route(&p, "/api/v1/activities/1/items/7/challenge"),
+            Route::Challenge(1, 7)
+        );
         assert_eq!(route(&g, "/api/v1/orders"), Route::ListOrders);
         assert_eq!(
             route(&g, "/api/v1/orders/1-7-0-a-1"),
@@ -214,6 +254,24 @@ mod tests {
             Route::PaymentCallback
         );
         assert_eq!(route(&p, "/api/v1/dev/token"), Route::DevToken);
+        assert_eq!(route(&g, "/api/v1/activities/3/room"), Route::RoomStatus(3));
+        assert_eq!(
+            route(&p, "/api/v1/activities/3/room/join"),
+            Route::RoomJoin(3)
+        );
+        assert_eq!(
+            route(&p, "/api/v1/activities/3/room/heartbeat"),
+            Route::RoomBeat(3)
+        );
+        assert_eq!(
+            route(&g, "/api/v1/activities/3/room/events"),
+            Route::RoomEvents(3)
+        );
+        assert_eq!(
+            route(&g, "/api/v1/activities/3/room/join"),
+            Route::WrongMethod
+        );
+        assert_eq!(route(&g, "/api/v1/activities/3/room/nope"), Route::NotFound);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use seckill_lua::clock::unix_ms;
 use crate::answer::{Outcome, Prebuilt, Refusal};
 use crate::auth::Jwt;
 use crate::config::{self, Config};
+use crate::fair::challenge::Challenges;
 use crate::ip_ban::{Bans, StaticLists};
 use crate::metrics::Metrics;
 use crate::purchase_token::PurchaseTokens;
@@ -56,11 +57,15 @@ pub struct Shared {
     pub catalog: Catalog,
     jwt: RwLock<Arc<Jwt>>,
     pub tokens: PurchaseTokens,
+    /// The proof-of-work challenge (`[challenge]`, reloaded on SIGHUP).
+    pub challenges: Challenges,
     pub metrics: Metrics,
     pub prebuilt: Prebuilt,
     start: Instant,
     /// The stockd and orderd endpoints and their health marks.
     pub upstreams: Fleets,
+    /// The waiting room of every activity.
+    pub room: crate::fair::room::Room,
 }
 
 impl Shared {
@@ -80,9 +85,15 @@ impl Shared {
                 &cfg.auth.purchase_token_secret,
                 cfg.auth.purchase_token_ttl_secs,
             ),
+            challenges: Challenges::new(&cfg.challenge, &cfg.redis, &metrics.registry)?,
             prebuilt: Prebuilt::new(),
             start: Instant::now(),
             upstreams: Fleets::new(&cfg.upstreams, &metrics),
+            room: crate::fair::room::Room::new(
+                &cfg.room,
+                &cfg.auth.purchase_token_secret,
+                &metrics.registry,
+            ),
             metrics,
             cfg,
         })
@@ -160,10 +171,12 @@ impl Shared {
     }
 
     /// Applies the live fields of a reloaded config: the policy (`[limits]`, `[bans]`,
-    /// `[admission]`, `[protection]`), `limits.max_tracked` and `server.access_log`.
+    /// `[admission]`, `[protection]`), `[challenge]`, `limits.max_tracked` and
+    /// `server.access_log`.
     /// (`protection.request_read_ms` is also read by the listener: `lib.rs` stores it.)
     pub fn apply_reload(&self, c: &Config) {
         self.set_policy(c.policy());
+        self.challenges.reload(&c.challenge);
         self.limiter.set_max_tracked(c.limits.max_tracked);
         self.access_log
             .store(c.server.access_log, Ordering::Relaxed);

@@ -46,6 +46,12 @@ pub struct ItemLive {
     pub remaining: AtomicI64,
     /// Reservations in flight to stockd (the admission cap).
     pub in_flight: AtomicU32,
+    /// With `limits.fleet`: the in-flight slots this gateway holds for the item (its
+    /// lease from the fleet-wide cap, `crate::fleet`), which replaces the local cap; -1
+    /// when not leased (fleet sharing off).
+    pub fleet_cap: AtomicI64,
+    /// Reservations refused `busy` since the last lease (demand for more slots).
+    pub busy: AtomicU32,
     /// Who holds a unit, while [`Self::sold_out`]; empty otherwise. At most the item's
     /// stock in size (one unit per user).
     holders: RwLock<Arc<Holders>>,
@@ -69,6 +75,8 @@ impl ItemLive {
             sold_out: AtomicBool::new(false),
             remaining: AtomicI64::new(-1),
             in_flight: AtomicU32::new(0),
+            fleet_cap: AtomicI64::new(-1),
+            busy: AtomicU32::new(0),
             holders: RwLock::default(),
         }
     }
@@ -130,8 +138,13 @@ pub struct Activity {
     pub start_ms: i64,
     pub end_ms: i64,
     pub shards: u32,
+    /// Units one user may hold of one item (the largest reserve quantity).
+    pub per_user_limit: u32,
     pub version: u64,
     pub items: Vec<Arc<ItemLive>>,
+    /// Proof-of-work bits per sub-puzzle (`keys::meta::CHALLENGE_BITS`; 0 = off,
+    /// `None` = the meta predates the field: `challenge.default_bits`).
+    pub challenge_bits: Option<u32>,
 }
 
 impl Activity {
@@ -157,6 +170,7 @@ impl Activity {
             "start_at_ms": self.start_ms,
             "end_at_ms": self.end_ms,
             "state": self.state(now_unix_ms),
+            "per_user_limit": self.per_user_limit,
             "items": self.items.iter().map(|i| serde_json::json!({
                 "id": i.id,
                 "title": i.title,
@@ -177,8 +191,12 @@ pub struct Meta {
     pub start_ms: i64,
     pub end_ms: i64,
     pub shards: u32,
+    /// `per_user_limit` (1 when the hash predates the field).
+    pub per_user_limit: u32,
     pub version: u64,
     pub items: Vec<ItemMeta>,
+    /// See [`Activity::challenge_bits`].
+    pub challenge_bits: Option<u32>,
 }
 
 /// One item of a [`Meta`].
@@ -225,8 +243,12 @@ impl Meta {
             start_ms: num(f::START_MS)?,
             end_ms: num(f::END_MS)?,
             shards: num(f::SHARDS).filter(|n| *n >= 1).unwrap_or(8) as u32,
+            per_user_limit: num(f::PER_USER_LIMIT)
+                .filter(|n| (1..=i64::from(u32::MAX)).contains(n))
+                .unwrap_or(1) as u32,
             version: num(f::VERSION).unwrap_or(0).max(0) as u64,
             items,
+            challenge_bits: num(f::CHALLENGE_BITS).map(|b| b.clamp(0, 32) as u32),
         })
     }
 }
@@ -298,8 +320,10 @@ impl Catalog {
                     start_ms: m.start_ms,
                     end_ms: m.end_ms,
                     shards: m.shards,
+                    per_user_limit: m.per_user_limit,
                     version: m.version,
                     items,
+                    challenge_bits: m.challenge_bits,
                 }),
             );
         }
@@ -364,6 +388,7 @@ mod tests {
             start_ms: 0,
             end_ms: 10,
             shards: 8,
+            per_user_limit: 1,
             version: 1,
             items: items
                 .iter()
@@ -375,6 +400,7 @@ mod tests {
                     total: *n,
                 })
                 .collect(),
+            challenge_bits: None,
         }
     }
 
@@ -399,6 +425,10 @@ mod tests {
         .collect();
         let m = Meta::parse(1, &f).unwrap();
         assert_eq!(m.shards, 4);
+        assert_eq!(m.per_user_limit, 1, "a hash without the field: one unit");
+        f.insert("per_user_limit".into(), "5".into());
+        assert_eq!(Meta::parse(1, &f).unwrap().per_user_limit, 5);
+        f.remove("per_user_limit");
         assert_eq!(
             m.items[0],
             ItemMeta {
@@ -412,6 +442,9 @@ mod tests {
         assert_eq!(m.items[1].total, 5);
         // A hash written before `list_price:` existed: the sale price stands in.
         assert_eq!(m.items[1].price_cents, 500);
+        assert_eq!(m.challenge_bits, None);
+        f.insert("challenge_bits".into(), "14".into());
+        assert_eq!(Meta::parse(1, &f).unwrap().challenge_bits, Some(14));
         f.remove("start_ms");
         assert!(Meta::parse(1, &f).is_none());
     }

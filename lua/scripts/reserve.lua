@@ -11,16 +11,24 @@
 -- then per reservation j = 1..n:
 --   KEYS[2+2j] stock   sk:{a:i}:stock:<s>  units left in this shard
 --   KEYS[3+2j] buyers  sk:{a:i}:buyers:<s> uid -> "<reservation id>|<request id>"
+--                      for one unit, "<reservation id>|<request id>|<k>" for k > 1
 -- ARGV[1] activity, [2] shard, [3] now (unix ms), [4] an epoch ('' for none) and
 -- [5] the highest sequence the caller has seen handed out in it; then per
--- reservation j: ARGV[2+4j] item, ARGV[3+4j] user, ARGV[4+4j] request id,
--- ARGV[5+4j] W3C traceparent ('' for none; when given, the entry gets a `tp` field
--- after the others).
+-- reservation j: ARGV[1+5j] item, ARGV[2+5j] user, ARGV[3+5j] request id,
+-- ARGV[4+5j] W3C traceparent ('' for none; when given, the entry gets a `tp` field
+-- after the others), ARGV[5+5j] units k (>= 1).
 --
--- Returns a flat array, three fields per reservation in order:
--- {outcome, reservation id, units left in this shard}, outcome one of
+-- A reservation is k units: the duplicate check, the decrement by k, the buyer
+-- record holding k and the stream entry (with a `q` field when k > 1; an entry
+-- without `q` is one unit) are one step. A user holds one reservation per item,
+-- whatever its k.
+--
+-- Returns a flat array, four fields per reservation in order:
+-- {outcome, reservation id, units left in this shard, units held}, outcome one of
 -- RESERVED, RETRY (same request id: the reservation it already made), DUPLICATE,
--- SOLD_OUT, LOST (the shard's state is gone: the caller must recompute), BEHIND
+-- SOLD_OUT (the shard is empty), SHORT (the shard holds 1..k-1 units: nothing taken,
+-- the caller moves units here and calls again), LOST (the shard's state is gone:
+-- the caller must recompute), BEHIND
 -- (the fence is there but the sequence is below one already handed out under the same
 -- epoch: Redis lost writes, as after a failover to a lagging replica or a restart that
 -- dropped the last second of its AOF; the caller must recompute; the third field is
@@ -40,6 +48,7 @@ local function every(outcome, left)
     out[#out + 1] = outcome
     out[#out + 1] = ''
     out[#out + 1] = left
+    out[#out + 1] = 0
   end
   return out
 end
@@ -55,47 +64,74 @@ if ARGV[4] == epoch then
   end
 end
 
-local function reserve(stock, buyers, item, user, req, tp)
+local function reserve(stock, buyers, item, user, req, tp, k)
   local held = redis.call('HGET', buyers, user)
   if held then
     local sep = string.find(held, '|', 1, true)
     local rid = string.sub(held, 1, sep - 1)
-    local left = tonumber(redis.call('GET', stock) or '0')
-    if string.sub(held, sep + 1) == req then
-      return 'RETRY', rid, left
+    local rest = string.sub(held, sep + 1)
+    local q = 1
+    local sep2 = string.find(rest, '|', 1, true)
+    if sep2 then
+      q = tonumber(string.sub(rest, sep2 + 1))
+      rest = string.sub(rest, 1, sep2 - 1)
     end
-    return 'DUPLICATE', rid, left
+    local left = tonumber(redis.call('GET', stock) or '0')
+    if rest == req then
+      return 'RETRY', rid, left, q
+    end
+    return 'DUPLICATE', rid, left, q
   end
   local left = tonumber(redis.call('GET', stock))
   if left == nil then
-    return 'LOST', '', -1
+    return 'LOST', '', -1, 0
   end
   if left <= 0 then
-    return 'SOLD_OUT', '', 0
+    return 'SOLD_OUT', '', 0, 0
   end
-  left = redis.call('DECR', stock)
+  if left < k then
+    return 'SHORT', '', left, 0
+  end
+  if k == 1 then
+    left = redis.call('DECR', stock)
+  else
+    left = redis.call('DECRBY', stock, k)
+  end
   local seq = redis.call('INCR', KEYS[2])
   local rid = ARGV[1] .. '-' .. item .. '-' .. ARGV[2] .. '-' .. epoch .. '-' .. seq
-  redis.call('HSET', buyers, user, rid .. '|' .. req)
-  if tp == '' then
-    redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
-      'req', req, 'ts', ARGV[3])
+  if k == 1 then
+    redis.call('HSET', buyers, user, rid .. '|' .. req)
+    if tp == '' then
+      redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+        'req', req, 'ts', ARGV[3])
+    else
+      redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+        'req', req, 'ts', ARGV[3], 'tp', tp)
+    end
   else
-    redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
-      'req', req, 'ts', ARGV[3], 'tp', tp)
+    redis.call('HSET', buyers, user, rid .. '|' .. req .. '|' .. k)
+    if tp == '' then
+      redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+        'req', req, 'ts', ARGV[3], 'q', k)
+    else
+      redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
+        'req', req, 'ts', ARGV[3], 'q', k, 'tp', tp)
+    end
   end
-  return 'RESERVED', rid, left
+  return 'RESERVED', rid, left, k
 end
 
 local wrote, retried = false, false
 for j = 1, n do
-  local outcome, rid, left = reserve(KEYS[2 + 2 * j], KEYS[3 + 2 * j],
-    ARGV[2 + 4 * j], ARGV[3 + 4 * j], ARGV[4 + 4 * j], ARGV[5 + 4 * j])
+  local outcome, rid, left, q = reserve(KEYS[2 + 2 * j], KEYS[3 + 2 * j],
+    ARGV[1 + 5 * j], ARGV[2 + 5 * j], ARGV[3 + 5 * j], ARGV[4 + 5 * j],
+    tonumber(ARGV[5 + 5 * j]))
   wrote = wrote or outcome == 'RESERVED'
   retried = retried or outcome == 'RETRY'
   out[#out + 1] = outcome
   out[#out + 1] = rid
   out[#out + 1] = left
+  out[#out + 1] = q
 end
 if retried and not wrote then
   redis.call('SET', KEYS[1], epoch)

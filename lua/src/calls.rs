@@ -22,8 +22,8 @@ pub trait Call {
 }
 
 /// The KEYS and ARGV of one call of the reserve script: one shard, one or more
-/// reservations (see `scripts/reserve.lua`; the answer has three fields per
-/// reservation, in the order they were pushed).
+/// reservations (see `scripts/reserve.lua`; the answer has [`RESERVE_FIELDS`] fields
+/// per reservation, in the order they were pushed).
 #[derive(Debug, Clone)]
 pub struct ReserveCall {
     activity: ActivityId,
@@ -50,7 +50,7 @@ impl ReserveCall {
             keys::seq(activity, shard),
             keys::orders_stream(activity, shard),
         ]);
-        let mut args = Vec::with_capacity(5 + 4 * capacity);
+        let mut args = Vec::with_capacity(5 + 5 * capacity);
         args.extend([
             activity.to_string(),
             shard.to_string(),
@@ -66,13 +66,14 @@ impl ReserveCall {
         }
     }
 
-    /// Adds one reservation of `item` for `user` under `request` (their strings are
-    /// moved in, not copied).
+    /// Adds one reservation of one unit of `item` for `user` under `request` (their
+    /// strings are moved in, not copied).
     pub fn push(&mut self, item: ItemId, user: UserId, request: RequestId) {
-        self.push_traced(item, user, request, None);
+        self.push_traced(item, user, request, None, 1);
     }
 
-    /// [`Self::push`] with the buyer's W3C `traceparent`, written into the stream
+    /// [`Self::push`] of `units` units (>= 1; the caller has checked it against the
+    /// activity's limit) with the buyer's W3C `traceparent`, written into the stream
     /// entry as [`entry::TRACE_PARENT`](crate::messages::entry::TRACE_PARENT). The
     /// caller has validated it (`seckill_proto::trace`).
     pub fn push_traced(
@@ -81,6 +82,7 @@ impl ReserveCall {
         user: UserId,
         request: RequestId,
         traceparent: Option<&str>,
+        units: u32,
     ) {
         self.keys.extend([
             keys::stock(self.activity, self.shard, item),
@@ -91,6 +93,7 @@ impl ReserveCall {
             user.into_string(),
             request.into_string(),
             traceparent.unwrap_or_default().to_string(),
+            units.max(1).to_string(),
         ]);
     }
 
@@ -111,12 +114,19 @@ impl Call for ReserveCall {
     }
 }
 
+/// Fields per reservation in the reserve script's answer: outcome, reservation id,
+/// units left in the shard, units the reservation holds.
+pub const RESERVE_FIELDS: usize = 4;
+
 /// Outcomes the reserve script returns as its first element.
 pub mod reserve_outcome {
     pub const RESERVED: &str = "RESERVED";
     pub const RETRY: &str = "RETRY";
     pub const DUPLICATE: &str = "DUPLICATE";
     pub const SOLD_OUT: &str = "SOLD_OUT";
+    /// The shard holds fewer units than asked for (but some; the third field says
+    /// how many): nothing was taken.
+    pub const SHORT: &str = "SHORT";
     pub const LOST: &str = "LOST";
     /// The fence is there but the shard's sequence is below one already handed out
     /// under the same epoch: Redis lost writes (a failover to a lagging replica, an
@@ -125,7 +135,8 @@ pub mod reserve_outcome {
 }
 
 /// RELEASE (`scripts/release.lua`): drop the buyer record of a reservation while it
-/// still names it, and give the unit back to the shard unless told not to.
+/// still names it, and give its units (the k the record holds) back to the shard
+/// unless told not to.
 #[derive(Debug, Clone)]
 pub struct ReleaseCall {
     keys: Vec<String>,
@@ -159,17 +170,19 @@ impl Call for ReleaseCall {
 /// What RELEASE answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
-    /// The buyer record named the reservation and is gone; `left` units in the shard.
-    Released { left: i64 },
+    /// The buyer record named the reservation and is gone; `left` units in the shard,
+    /// `units` given back (0 when only the record was dropped).
+    Released { left: i64, units: i64 },
     /// No buyer record names the reservation (already released, or re-bought).
     NotHeld,
 }
 
 impl Released {
-    /// Reads the answer `{outcome, units}`; `None` for an answer the script never gives.
-    pub fn from_reply(outcome: &str, left: i64) -> Option<Self> {
+    /// Reads the answer `{outcome, left, units}`; `None` for an answer the script
+    /// never gives.
+    pub fn from_reply(outcome: &str, left: i64, units: i64) -> Option<Self> {
         match outcome {
-            "RELEASED" => Some(Released::Released { left }),
+            "RELEASED" => Some(Released::Released { left, units }),
             "NOT_HELD" => Some(Released::NotHeld),
             _ => None,
         }
@@ -379,7 +392,7 @@ mod tests {
         let id = |s: &str| (UserId::parse(s).unwrap(), RequestId::parse(s).unwrap());
         let ((alice, r1), (bob, r2)) = (id("alice"), id("bob"));
         c.push(11, alice, r1);
-        c.push_traced(12, bob, r2, Some("00-tp"));
+        c.push_traced(12, bob, r2, Some("00-tp"), 3);
         assert_eq!(c.len(), 2);
         assert_eq!(
             c.keys,
@@ -396,8 +409,8 @@ mod tests {
         assert_eq!(
             c.args,
             [
-                "7", "3", "1000", "e1", "42", "11", "alice", "alice", "", "12", "bob", "bob",
-                "00-tp"
+                "7", "3", "1000", "e1", "42", "11", "alice", "alice", "", "1", "12", "bob", "bob",
+                "00-tp", "3"
             ]
         );
     }
@@ -411,14 +424,14 @@ mod tests {
         let (_, a) = ReleaseCall::new(&rid, "alice", false).into_parts();
         assert_eq!(a[2], "0");
         assert_eq!(
-            Released::from_reply("RELEASED", 4),
-            Some(Released::Released { left: 4 })
+            Released::from_reply("RELEASED", 4, 2),
+            Some(Released::Released { left: 4, units: 2 })
         );
         assert_eq!(
-            Released::from_reply("NOT_HELD", -1),
+            Released::from_reply("NOT_HELD", -1, 0),
             Some(Released::NotHeld)
         );
-        assert_eq!(Released::from_reply("WHAT", 0), None);
+        assert_eq!(Released::from_reply("WHAT", 0, 0), None);
     }
 
     #[test]

@@ -54,6 +54,59 @@ pub fn sold_out(a: ActivityId, s: ItemId) -> String {
     format!("sk:{{{a}}}:soldout:{s}")
 }
 
+/// `sk:fleet:{u<g>}:<key>`: the fleet-wide per-user bucket of the user whose 64-bit
+/// key (xxh3 of the user id, hex) is `key`, in one of 16 groups `g` (the key's low
+/// bits) so that one Lua call covers a group and the groups spread over the cluster.
+pub fn fleet_user(key: u64) -> String {
+    format!("sk:fleet:{{u{}}}:{key:016x}", key % FLEET_USER_GROUPS)
+}
+
+/// Number of hash-tag groups of [`fleet_user`] keys.
+pub const FLEET_USER_GROUPS: u64 = 16;
+
+/// `sk:fleet:{r}:<route>`: the fleet-wide bucket of a route (`limits.routes`).
+pub fn fleet_route(route: &str) -> String {
+    format!("sk:fleet:{{r}}:{route}")
+}
+
+/// `sk:fleet:{a}:slots:<s>`: hash gateway id → `"<slots held> <expires at ms>"`, the
+/// admission cap's in-flight slots of item `s` leased by each gateway.
+pub fn fleet_slots(a: ActivityId, s: ItemId) -> String {
+    format!("sk:fleet:{{{a}}}:slots:{s}")
+}
+
+/// `sk:{a}:room`: the waiting room of activity `a`, a hash of its live knobs (method,
+/// paused, rates: set on any gateway's admin port, read by every gateway's tick) and its
+/// admission state (tickets handed out, the pre-queue, the admitted watermark, the rate
+/// bucket, the shuffle seed). Only the gateway touches the room's keys; the scripts and
+/// the full table are in `gateway/src/fair/room/store.rs`.
+pub fn room_hash(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:room")
+}
+
+/// `sk:{a}:room:users`: hash user → the user's latest ticket (a join replaces it).
+pub fn room_users(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:room:users")
+}
+
+/// `sk:{a}:room:blocks`: list of the closed `random` blocks, `"first:last"` tickets.
+pub fn room_blocks(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:room:blocks")
+}
+
+/// `sk:{a}:room:adm`: sorted set of `"<ms>:<watermark>"` scored by ms, the admission
+/// watermark's history over one session, to count the active buyers.
+pub fn room_admissions(a: ActivityId) -> String {
+    format!("sk:{{{a}}}:room:adm")
+}
+
+/// A redeemed proof-of-work puzzle (the gateway's challenge): `SET NX PX` until the
+/// puzzle's expiry makes each puzzle buy one purchase token across every gateway. No
+/// hash tag: the 32 hex digits of the puzzle's MAC spread these keys over every slot.
+pub fn pow_spent(digest_hex: &str) -> String {
+    format!("sk:pow:{digest_hex}")
+}
+
 /// Channel announcing sold-out changes; message format in [`crate::messages::SoldOut`].
 pub const SOLD_OUT_CHANNEL: &str = "sk:soldout";
 
@@ -83,6 +136,9 @@ pub mod meta {
     pub const END_MS: &str = "end_ms";
     /// Shard count.
     pub const SHARDS: &str = "shards";
+    /// Units one user may hold of one item (the largest reserve quantity); a hash
+    /// without it means 1.
+    pub const PER_USER_LIMIT: &str = "per_user_limit";
     /// Item ids, comma-separated.
     pub const ITEMS: &str = "items";
     /// Activity version (bumped on every change).
@@ -93,6 +149,9 @@ pub mod meta {
     pub const ITEM_TITLE: &str = "title:";
     pub const ITEM_PRICE: &str = "price:";
     pub const ITEM_LIST_PRICE: &str = "list_price:";
+    /// Leading zero bits of each proof-of-work sub-puzzle the gateway asks before a
+    /// purchase token; 0 (or absent) = no challenge.
+    pub const CHALLENGE_BITS: &str = "challenge_bits";
 }
 
 #[cfg(test)]

@@ -16,9 +16,40 @@ pub mod entry {
     pub const REQUEST: &str = "req";
     /// When it was reserved, unix ms.
     pub const TIMESTAMP: &str = "ts";
+    /// Units the reservation holds, written only when more than one: an entry
+    /// without it is one unit (see [`quantity`](super::quantity)).
+    pub const QUANTITY: &str = "q";
     /// The buyer's W3C `traceparent`, when the reserve call carried one (optional;
     /// written last, after the fields above).
     pub const TRACE_PARENT: &str = "tp";
+}
+
+/// The units of a stream entry from its `q` field (missing: 1). `None` for a value
+/// that is not a whole number >= 1.
+pub fn quantity(q: Option<&str>) -> Option<u32> {
+    match q {
+        None => Some(1),
+        Some(v) => v.parse::<u32>().ok().filter(|&k| k >= 1),
+    }
+}
+
+/// A buyer record `"<rid>|<req>"` (one unit) or `"<rid>|<req>|<k>"`, written by the
+/// reserve script and by a rebuild.
+pub fn buyer_record(rid: &str, request: &str, units: u32) -> String {
+    if units <= 1 {
+        format!("{rid}|{request}")
+    } else {
+        format!("{rid}|{request}|{units}")
+    }
+}
+
+/// The units a buyer record holds (a record without the third field holds one).
+pub fn buyer_record_units(record: &str) -> u32 {
+    record
+        .splitn(3, '|')
+        .nth(2)
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(1)
 }
 
 /// A change of an item's sold-out flag, published on
@@ -125,6 +156,19 @@ mod tests {
         for bad in ["", "3:9", "3:9:2", "a:9:1", "3:9:1:0"] {
             assert_eq!(SoldOut::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn quantities_default_to_one_and_buyer_records_round_trip() {
+        assert_eq!(quantity(None), Some(1));
+        assert_eq!(quantity(Some("4")), Some(4));
+        for bad in ["0", "-1", "x", ""] {
+            assert_eq!(quantity(Some(bad)), None, "{bad}");
+        }
+        assert_eq!(buyer_record("r", "q", 1), "r|q");
+        assert_eq!(buyer_record("r", "q", 3), "r|q|3");
+        assert_eq!(buyer_record_units("r|q"), 1);
+        assert_eq!(buyer_record_units("r|q|3"), 3);
     }
 
     #[test]

@@ -50,6 +50,20 @@ pub const REBUILD: Script = Script {
     body: include_str!("../scripts/rebuild.lua"),
 };
 
+/// The gateway's fleet-wide token buckets: see `scripts/fleet_bucket.lua` (called by
+/// the gateway with EVAL, not loaded by stockd).
+pub const FLEET_BUCKET: Script = Script {
+    name: "fleet_bucket",
+    body: include_str!("../scripts/fleet_bucket.lua"),
+};
+
+/// The gateway's fleet-wide admission cap (in-flight slots leased per gateway): see
+/// `scripts/fleet_slots.lua` (called by the gateway with EVAL, not loaded by stockd).
+pub const FLEET_SLOTS: Script = Script {
+    name: "fleet_slots",
+    body: include_str!("../scripts/fleet_slots.lua"),
+};
+
 /// Every script, for loading at start-up.
 pub const ALL: [Script; 6] = [RESERVE, RELEASE, TAKE, GIVE, WARM, REBUILD];
 

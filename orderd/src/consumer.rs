@@ -5,6 +5,10 @@
 //! `sk:{a:i}:orders` stream, and runs one [`StreamConsumer`] per stream (each stream is
 //! one cluster slot, so one command per stream; the streams run concurrently).
 //!
+//! An idle consumer sleeps until an `XADD` on its stream wakes it ([`crate::wake`]),
+//! or, without wake-ups, polls every `block_ms`; either way nothing is sent for an
+//! idle stream but its claim pass, so idle CPU does not grow with the streams.
+//!
 //! One pass of a stream consumer:
 //! 1. every `claim_idle_ms / 2`, `XAUTOCLAIM` entries idle longer than `claim_idle_ms`
 //!    (a dead consumer's, or ones that failed here); those delivered more than
@@ -34,6 +38,7 @@ use crate::db::{Db, Written};
 use crate::metrics::Metrics;
 use crate::model::Reservation;
 use crate::redis::{Entry, Redis};
+use crate::wake::Wakes;
 
 /// Everything a consumer needs; shared by all of them.
 #[derive(Clone, Debug)]
@@ -46,6 +51,8 @@ pub struct Ctx {
     pub metrics: Metrics,
     /// Last error of each failing entry (by entry id), for its dead letter.
     pub errors: Arc<Mutex<HashMap<String, String>>>,
+    /// Wake-ups of idle consumers ([`crate::wake`]).
+    pub wakes: Wakes,
 }
 
 /// Exponential back-off with a cap and a little jitter.
@@ -147,20 +154,24 @@ impl StreamConsumer {
     pub async fn run(mut self, shutdown: Shutdown) {
         let claim_every = Duration::from_millis((self.ctx.cfg.claim_idle_ms / 2).max(10));
         let idle = Duration::from_millis(self.ctx.cfg.block_ms);
+        let woken = self.ctx.wakes.register(&self.stream);
         let mut last_claim: Option<Instant> = None;
+        // The lag gauge (XLEN) is read while entries flow (at most once a second) and
+        // once when the stream falls idle; never for a stream that stays idle.
         let mut last_lag = Instant::now() - Duration::from_secs(10);
+        let mut lag_stale = true;
         let lag = self
             .ctx
             .metrics
             .stream_lag
             .with_label_values(&[self.stream.as_str()]);
+        // Clean: the group's pending list was empty after an empty read, and no XADD has
+        // woken us since. Nothing can then be waiting for a claim (entries enter the
+        // pending list only by being read, after an XADD that wakes every orderd's
+        // consumer of the stream), so a clean stream skips its claim passes and sleeps
+        // until woken: by an XADD, or in turn by the slow sweep (`wake::sweep`).
+        let mut clean = false;
         while !shutdown.is_fired() {
-            if last_lag.elapsed() >= Duration::from_secs(1) {
-                last_lag = Instant::now();
-                if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
-                    lag.set(n as i64);
-                }
-            }
             let claim_due = last_claim.is_none_or(|t| t.elapsed() >= claim_every);
             let read = if claim_due {
                 last_claim = Some(Instant::now());
@@ -199,10 +210,55 @@ impl StreamConsumer {
                 }
             };
             if entries.is_empty() {
-                if !claimed && !pause(idle, &shutdown).await {
-                    break;
+                if claimed {
+                    continue; // now read the new entries
                 }
+                if lag_stale {
+                    if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
+                        lag.set(n as i64);
+                        lag_stale = false;
+                    }
+                }
+                let woken_only = self.ctx.cfg.keyspace_events && self.ctx.wakes.listening();
+                if woken_only && !clean {
+                    clean = matches!(
+                        self.ctx
+                            .redis
+                            .pending_count(&self.stream, &self.ctx.cfg.group)
+                            .await,
+                        Ok(0)
+                    );
+                }
+                let since = last_claim.map_or(claim_every, |t| t.elapsed());
+                let wait = match (woken_only, clean) {
+                    // Until an XADD (or the sweep) wakes us or the claim pass is due.
+                    (true, false) => Some(claim_every.saturating_sub(since)),
+                    // Until an XADD or the sweep wakes us.
+                    (true, true) => None,
+                    (false, _) => Some(idle),
+                };
+                let timer = async {
+                    match wait {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = woken.notified() => {}
+                    _ = timer => {}
+                    _ = shutdown.clone().wait() => break,
+                }
+                // Woken: the next pass is a full one (claim when due, read, check).
+                clean = false;
                 continue;
+            }
+            clean = false;
+            lag_stale = true;
+            if last_lag.elapsed() >= Duration::from_secs(1) {
+                last_lag = Instant::now();
+                if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
+                    lag.set(n as i64);
+                }
             }
             self.process(entries, claimed, &shutdown).await;
         }

@@ -11,6 +11,7 @@
 //! - [`orders`]: the OrderService operations; [`service`]: their gRPC face.
 //! - [`background`]: timeout sweep, stock-return outbox relay, gauges.
 //! - [`payment`]: the provider callback's HMAC and freshness check.
+//! - [`wake`]: idle consumers woken by `XADD` key-events instead of polling.
 //! - [`model`], [`error`], [`metrics`].
 #![forbid(unsafe_code)]
 
@@ -25,6 +26,7 @@ pub mod orders;
 pub mod payment;
 pub mod redis;
 pub mod service;
+pub mod wake;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,7 +76,22 @@ pub async fn run_with_metrics(
         pay_timeout: config.payment_timeout(),
         metrics: metrics.clone(),
         errors: Arc::new(Mutex::new(Default::default())),
+        wakes: wake::Wakes::default(),
     };
+    if config.consumer.keyspace_events {
+        loops.spawn(wake::listen(
+            redis.client().clone(),
+            config.redis.clone(),
+            ctx.wakes.clone(),
+            Duration::from_millis(config.consumer.discovery_interval_ms),
+            shutdown.clone(),
+        ));
+        loops.spawn(wake::sweep(
+            ctx.wakes.clone(),
+            Duration::from_millis(config.consumer.clean_sweep_ms),
+            shutdown.clone(),
+        ));
+    }
     tracing::info!(consumer = %ctx.consumer, group = %ctx.cfg.group, "orderd starting");
     loops.spawn(consumer::discover(ctx, shutdown.clone()));
     loops.spawn(background::timeout_sweep(

@@ -55,6 +55,8 @@ pub struct OrderRow {
     pub activity_id: u64,
     pub item_id: u64,
     pub user_id: String,
+    /// Units the order holds (>= 1).
+    pub quantity: u32,
     pub amount_cents: i64,
     pub status: String,
     pub pay_deadline: Option<NaiveDateTime>,
@@ -67,7 +69,8 @@ pub struct OrderRow {
 }
 
 /// Columns of [`OrderRow`], for `SELECT`s.
-pub const ORDER_COLUMNS: &str = "id, activity_id, item_id, user_id, amount_cents, status, \
+pub const ORDER_COLUMNS: &str =
+    "id, activity_id, item_id, user_id, quantity, amount_cents, status, \
      pay_deadline, paid_at, provider_ref, failure_reason, reserved_at, created_at, updated_at";
 
 impl OrderRow {
@@ -93,6 +96,7 @@ impl OrderRow {
             updated_at_ms: ms(self.updated_at),
             provider_ref: self.provider_ref.clone().unwrap_or_default(),
             failure_reason: self.failure_reason.clone().unwrap_or_default(),
+            quantity: self.quantity,
         }
     }
 }
@@ -114,12 +118,18 @@ pub fn from_ms(ms: i64) -> NaiveDateTime {
         .naive_utc()
 }
 
+/// Largest quantity of one reservation (stockd's largest `per_user_limit`); a larger
+/// `q` in a stream entry is poison.
+pub const MAX_QUANTITY: u32 = 100;
+
 /// A reservation read from an `sk:{a:i}:orders` stream entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     pub rid: ReservationId,
     pub user: String,
     pub request: String,
+    /// Units reserved (the entry's `q`; 1 without it).
+    pub quantity: u32,
     /// When Redis reserved it, unix ms.
     pub ts_ms: i64,
     /// The trace id of the buyer's request (from the entry's `tp`, a W3C
@@ -147,6 +157,10 @@ impl Reservation {
         if request.len() > seckill_lua::MAX_ID_LEN {
             return Err("field `req`: longer than 64 bytes".into());
         }
+        let quantity =
+            seckill_lua::messages::quantity(fields.get(entry::QUANTITY).map(String::as_str))
+                .filter(|&q| q <= MAX_QUANTITY)
+                .ok_or_else(|| format!("field `q`: must be 1..={MAX_QUANTITY}"))?;
         let ts_ms = get(entry::TIMESTAMP)?
             .parse::<i64>()
             .map_err(|_| "field `ts`: not an integer".to_string())?;
@@ -165,6 +179,7 @@ impl Reservation {
             rid,
             user,
             request,
+            quantity,
             ts_ms,
             trace_id,
         })
@@ -254,6 +269,26 @@ mod tests {
         .unwrap();
         assert_eq!(r.rid.item, 2);
         assert_eq!(r.user, "u");
+        assert_eq!(r.quantity, 1);
+    }
+
+    #[test]
+    fn an_entry_with_q_holds_that_many_units_and_a_bad_q_is_poison() {
+        let base = [
+            ("rid", "1-2-3-abc-4"),
+            ("uid", "u"),
+            ("req", "r"),
+            ("ts", "5"),
+        ];
+        let with = |q: &'static str| {
+            let mut f = base.to_vec();
+            f.push(("q", q));
+            Reservation::from_fields(&fields(&f))
+        };
+        assert_eq!(with("3").unwrap().quantity, 3);
+        for bad in ["0", "-2", "x", "101"] {
+            assert!(with(bad).unwrap_err().contains("`q`"), "{bad}");
+        }
     }
 
     #[test]

@@ -22,19 +22,28 @@ pub enum Lookup {
     /// The MySQL row.
     Stored(OrderRow),
     /// Reserved in Redis, not yet written to MySQL.
-    Queued { rid: ReservationId, user: String },
+    Queued {
+        rid: ReservationId,
+        user: String,
+        quantity: u32,
+    },
 }
 
 impl Lookup {
     pub fn to_pb(&self) -> pb::Order {
         match self {
             Self::Stored(row) => row.to_pb(),
-            Self::Queued { rid, user } => pb::Order {
+            Self::Queued {
+                rid,
+                user,
+                quantity,
+            } => pb::Order {
                 id: rid.to_string(),
                 activity_id: rid.activity,
                 item_id: rid.item,
                 user_id: user.clone(),
                 state: pb::OrderState::Queued as i32,
+                quantity: *quantity,
                 ..Default::default()
             },
         }
@@ -81,7 +90,7 @@ impl Orders {
             .redis
             .buyer_reservation(rid.activity, rid.shard, rid.item, user)
             .await?;
-        if held.as_deref() == Some(id.as_str()) {
+        if let Some((_, quantity)) = held.filter(|(h, _)| *h == id) {
             // The consumer may have written it between the two reads.
             if let Some(row) = self.db.order(&id).await? {
                 return Ok(Lookup::Stored(row));
@@ -89,6 +98,7 @@ impl Orders {
             return Ok(Lookup::Queued {
                 rid: rid.clone(),
                 user: user.to_string(),
+                quantity,
             });
         }
         Err(Error::NotFound("order"))

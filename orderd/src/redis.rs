@@ -88,7 +88,8 @@ impl Redis {
     }
 
     /// The RELEASE script for `rid` held by `user`: drop the buyer record if it still
-    /// names `rid`, and give the unit back to the shard when `return_unit`.
+    /// names `rid`, and give its units (the k the record holds) back to the shard when
+    /// `return_unit`.
     pub async fn release(
         &self,
         rid: &ReservationId,
@@ -104,7 +105,8 @@ impl Redis {
             .and_then(|v| v.as_string())
             .unwrap_or_default();
         let left = reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1);
-        Release::from_reply(&outcome, left)
+        let units = reply.get(2).and_then(|v| v.as_i64()).unwrap_or(0);
+        Release::from_reply(&outcome, left, units)
             .ok_or_else(|| Error::Internal(format!("release answered {outcome:?}")))
     }
 
@@ -123,16 +125,20 @@ impl Redis {
         Ok(())
     }
 
-    /// The reservation id the buyer record of `user` names, if any.
+    /// The reservation id the buyer record of `user` names and the units it holds,
+    /// if any.
     pub async fn buyer_reservation(
         &self,
         a: ActivityId,
         shard: Shard,
         s: ItemId,
         user: &str,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<(String, u32)>> {
         let held: Option<String> = self.client.hget(keys::buyers(a, shard, s), user).await?;
-        Ok(held.map(|h| h.split('|').next().unwrap_or_default().to_string()))
+        Ok(held.map(|h| {
+            let units = seckill_lua::messages::buyer_record_units(&h);
+            (h.split('|').next().unwrap_or_default().to_string(), units)
+        }))
     }
 
     /// `XGROUP CREATE stream group 0 MKSTREAM`; an existing group is fine.
@@ -259,6 +265,17 @@ impl Redis {
     }
 
     /// Entries in the stream (the backlog: written entries are deleted).
+    /// How many entries of `stream` are delivered to some consumer of `group` and not
+    /// acknowledged (the `XPENDING` summary's count).
+    pub async fn pending_count(&self, stream: &str, group: &str) -> Result<u64> {
+        let reply: Value = self.client.xpending(stream, group, ()).await?;
+        Ok(reply
+            .into_array()
+            .first()
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0))
+    }
+
     pub async fn stream_len(&self, stream: &str) -> Result<u64> {
         Ok(self.client.xlen(stream).await?)
     }

@@ -126,7 +126,15 @@ impl App {
         m.insert(f::START_MS.into(), activity.start_at_ms.to_string());
         m.insert(f::END_MS.into(), activity.end_at_ms.to_string());
         m.insert(f::SHARDS.into(), activity.shard_count.to_string());
+        m.insert(
+            f::PER_USER_LIMIT.into(),
+            activity.per_user_limit.max(1).to_string(),
+        );
         m.insert(f::VERSION.into(), activity.version.to_string());
+        m.insert(
+            f::CHALLENGE_BITS.into(),
+            activity.challenge_bits.to_string(),
+        );
         let ids: Vec<String> = activity.items.iter().map(|i| i.id.to_string()).collect();
         m.insert(f::ITEMS.into(), ids.join(","));
         for it in &activity.items {
@@ -146,12 +154,20 @@ impl App {
     }
 
     /// Loads published activities into the catalog and publishes scheduled ones whose
-    /// time has come.
-    pub async fn refresh(self: &Arc<Self>) -> Result<()> {
+    /// time has come. The activities are read only when the [`db::PublishedMark`]
+    /// moved since `last` (a publication here or by a peer, a change to a published
+    /// activity): an idle poll is two one-row queries whatever the number of
+    /// activities. The mark is read before the activities, so a publication between
+    /// the two reads is loaded now or at the next poll, never missed.
+    pub async fn refresh(self: &Arc<Self>, last: &mut Option<db::PublishedMark>) -> Result<()> {
         let now = now_ms();
-        for a in db::list_activities(&self.db, false, Some(db::PUBLISHED), now).await? {
-            // New to this process: it opens after the fence check.
-            self.catalog.insert(a, false);
+        let mark = db::published_mark(&self.db).await?;
+        if last.as_ref() != Some(&mark) {
+            for a in db::published_activities(&self.db).await? {
+                // New to this process: it opens after the fence check.
+                self.catalog.insert(a, false);
+            }
+            *last = Some(mark);
         }
         if !self.catalog.is_loaded() {
             self.catalog.set_loaded();
@@ -173,8 +189,9 @@ impl App {
     /// [`Self::refresh`] every `stock.schedule_poll_ms` until shutdown.
     pub async fn refresh_loop(self: Arc<Self>) {
         let period = Duration::from_millis(self.config.stock.schedule_poll_ms);
+        let mut last = None;
         loop {
-            if let Err(e) = self.refresh().await {
+            if let Err(e) = self.refresh(&mut last).await {
                 tracing::warn!(error = %e, "activity refresh failed");
             }
             tokio::select! {
@@ -209,7 +226,7 @@ impl App {
         };
         let shard_remaining = self.shard_stock(a, item, shards).await?;
         let held = futures::future::try_join_all(
-            (0..shards).map(|i| self.redis.hlen(keys::buyers(a, i, item))),
+            (0..shards).map(|i| self.redis.held_units(keys::buyers(a, i, item))),
         )
         .await?;
         let sold_out = self.redis.exists(keys::sold_out(a, item)).await?;
@@ -252,8 +269,8 @@ impl App {
         })
     }
 
-    /// Per item: total = Redis remaining + in flight + active orders, where in flight
-    /// = buyers held in Redis − active orders. `repair` rebuilds Redis from MySQL
+    /// Per item, in units: total = Redis remaining + in flight + active orders, where
+    /// in flight = units held by buyer records in Redis − units of active orders. `repair` rebuilds Redis from MySQL
     /// (the recompute) when nothing is in flight.
     pub async fn reconcile(
         self: &Arc<Self>,

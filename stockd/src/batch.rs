@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use seckill_lua::calls::{reserve_outcome, ReserveCall};
+use seckill_lua::calls::{reserve_outcome, ReserveCall, RESERVE_FIELDS};
 use seckill_lua::clock::now_ms;
 use seckill_lua::{keys, ReservationId};
 use tokio::sync::oneshot;
@@ -34,7 +34,7 @@ use crate::redis::{array, int, text};
 use crate::shard::{HighWater, Pending, Script, Unwind};
 
 impl App {
-    /// Reserves `item` for `user` on `shard` through the shard's queue.
+    /// Reserves `units` of `item` for `user` on `shard` through the shard's queue.
     pub(crate) async fn reserve_script(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -42,6 +42,7 @@ impl App {
         shard: u32,
         user: &UserId,
         request: &RequestId,
+        units: u32,
     ) -> Result<Script> {
         let queue = entry
             .queue(shard)
@@ -53,6 +54,7 @@ impl App {
                 item,
                 user: user.clone(),
                 request: request.clone(),
+                units,
                 trace: crate::domain::current_trace_parent(),
                 answer: tx,
             });
@@ -103,7 +105,7 @@ impl App {
         let answers: Vec<_> = batch
             .into_iter()
             .map(|p| {
-                call.push_traced(p.item, p.user, p.request, p.trace.as_deref());
+                call.push_traced(p.item, p.user, p.request, p.trace.as_deref(), p.units);
                 p.answer
             })
             .collect();
@@ -114,7 +116,9 @@ impl App {
             .await
             .and_then(|a| Ok((array(a.value)?, a.replicated)));
         let (parts, replicated) = match answer {
-            Ok((parts, replicated)) if parts.len() == 3 * answers.len() => (parts, replicated),
+            Ok((parts, replicated)) if parts.len() == RESERVE_FIELDS * answers.len() => {
+                (parts, replicated)
+            }
             Ok((parts, _)) => {
                 let e = Error::Internal(format!(
                     "reserve answered {} fields for {} reservations",
@@ -125,7 +129,7 @@ impl App {
             }
             Err(e) => return answer_all(answers, &e),
         };
-        for (answer, f) in answers.into_iter().zip(parts.chunks_exact(3)) {
+        for (answer, f) in answers.into_iter().zip(parts.chunks_exact(RESERVE_FIELDS)) {
             let out = match parse(entry, shard, &hw, f, replicated) {
                 Ok(Script::Reserved(..) | Script::Retry(..)) if !replicated => Err(unreplicated()),
                 out => out,
@@ -135,7 +139,7 @@ impl App {
     }
 }
 
-/// The answer for one reservation: `f` is its three fields.
+/// The answer for one reservation: `f` is its [`RESERVE_FIELDS`] fields.
 fn parse(
     entry: &ActivityEntry,
     shard: u32,
@@ -145,6 +149,7 @@ fn parse(
 ) -> Result<Script> {
     let rid = text(&f[1]);
     let left = int(&f[2])?;
+    let units = u32::try_from(int(&f[3])?.max(1)).unwrap_or(1);
     Ok(match f[0].as_str().as_deref().unwrap_or_default() {
         reserve_outcome::RESERVED => {
             if let Ok(id) = rid.parse::<ReservationId>() {
@@ -152,11 +157,12 @@ fn parse(
                 // found (BEHIND), or its sequence would be handed out again.
                 entry.saw(shard, &id.epoch, id.seq, replicated);
             }
-            Script::Reserved(rid, left)
+            Script::Reserved(rid, left, units)
         }
-        reserve_outcome::RETRY => Script::Retry(rid, left),
-        reserve_outcome::DUPLICATE => Script::Duplicate(rid, left),
+        reserve_outcome::RETRY => Script::Retry(rid, left, units),
+        reserve_outcome::DUPLICATE => Script::Duplicate(rid, left, units),
         reserve_outcome::SOLD_OUT => Script::SoldOut,
+        reserve_outcome::SHORT => Script::Short(left),
         reserve_outcome::LOST => Script::Lost,
         reserve_outcome::BEHIND => Script::Behind(hw.clone(), left.max(0) as u64),
         other => return Err(Error::Internal(format!("reserve answered {other}"))),

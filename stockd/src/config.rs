@@ -160,10 +160,21 @@ pub struct StockConfig {
     /// Default 8.
     #[serde(default = "default_rebalance_attempts")]
     pub rebalance_attempts: u32,
-    /// How often every published activity's fence keys are checked, so a Redis flush
-    /// is repaired even with no traffic, in ms (50..=600000). Default 1000.
+    /// Period of the fence check, which finds lost Redis state (a fence gone, a shard
+    /// behind this process's high-water mark) while nobody buys, in ms (50..=600000).
+    /// Each period it reads the shards of activities waiting to open, and at most
+    /// `fence_check_shards` others in turn; a node that reconnected, a cluster map
+    /// change, or a loss found makes the next period read every shard. Default 1000.
     #[serde(default = "default_fence_check_ms")]
     pub fence_check_ms: u64,
+    /// Shards (one `MGET` each) the fence check reads per period in its round over the
+    /// open activities (whole activities, in id order, until this many are read), so an
+    /// idle stockd's Redis traffic does not grow with the number of activities. A loss
+    /// confined to one shard (a key deleted or evicted) is found within
+    /// ceil(open shards / fence_check_shards) periods, or at its next reservation.
+    /// 1..=1000000. Default 64.
+    #[serde(default = "default_fence_check_shards")]
+    pub fence_check_shards: u32,
     /// Most reservations of one shard sent in one reserve call (1..=1024). Per shard
     /// one call is in flight; reservations arriving meanwhile go together in the next
     /// call (group commit, no timer: a lone reservation goes at once). 1 turns
@@ -171,7 +182,9 @@ pub struct StockConfig {
     #[serde(default = "default_reserve_batch_max")]
     pub reserve_batch_max: u32,
     /// How often scheduled publications and activity changes are polled from MySQL,
-    /// in ms (50..=600000). Default 1000.
+    /// in ms (50..=600000). A poll is two one-row queries (the published activities'
+    /// mark and the due schedules); the activities themselves are read only when the
+    /// mark moved. Default 1000.
     #[serde(default = "default_schedule_poll_ms")]
     pub schedule_poll_ms: u64,
     /// At start-up, check every open activity against MySQL before it opens (true):
@@ -225,6 +238,9 @@ fn default_rebalance_attempts() -> u32 {
 fn default_fence_check_ms() -> u64 {
     1000
 }
+fn default_fence_check_shards() -> u32 {
+    64
+}
 fn default_reserve_batch_max() -> u32 {
     64
 }
@@ -238,6 +254,7 @@ impl Default for StockConfig {
             rebalance_batch: default_rebalance_batch(),
             rebalance_attempts: default_rebalance_attempts(),
             fence_check_ms: default_fence_check_ms(),
+            fence_check_shards: default_fence_check_shards(),
             reserve_batch_max: default_reserve_batch_max(),
             schedule_poll_ms: default_schedule_poll_ms(),
             recompute_at_start: true,
@@ -361,6 +378,11 @@ impl Validate for Config {
         ensure_range(s.rebalance_batch, 1..=1000, "stock.rebalance_batch")?;
         ensure_range(s.rebalance_attempts, 1..=1024, "stock.rebalance_attempts")?;
         ensure_range(s.fence_check_ms, 50..=600_000, "stock.fence_check_ms")?;
+        ensure_range(
+            s.fence_check_shards,
+            1..=1_000_000,
+            "stock.fence_check_shards",
+        )?;
         ensure_range(s.reserve_batch_max, 1..=1024, "stock.reserve_batch_max")?;
         ensure_range(s.schedule_poll_ms, 50..=600_000, "stock.schedule_poll_ms")
     }
@@ -454,6 +476,14 @@ url = "mysql://root@127.0.0.1:3306/seckill"
             (
                 ("STOCKD__STOCK__FENCE_CHECK_MS", "1"),
                 "stock.fence_check_ms",
+            ),
+            (
+                ("STOCKD__STOCK__FENCE_CHECK_SHARDS", "0"),
+                "stock.fence_check_shards",
+            ),
+            (
+                ("STOCKD__STOCK__FENCE_CHECK_SHARDS", "1000001"),
+                "stock.fence_check_shards",
             ),
             (
                 ("STOCKD__GRPC__WORKER_THREADS", "257"),

@@ -50,14 +50,16 @@ fn status_of(s: &str) -> pb::ActivityStatus {
 pub async fn create_activity(pool: &MySqlPool, a: &NewActivity) -> Result<u64> {
     let mut tx = pool.begin().await?;
     let id = sqlx::query(
-        "INSERT INTO activities (title, start_at, end_at, shard_count, per_user_limit, status) \
-         VALUES (?, ?, ?, ?, ?, 'DRAFT')",
+        "INSERT INTO activities \
+         (title, start_at, end_at, shard_count, per_user_limit, status, challenge_bits) \
+         VALUES (?, ?, ?, ?, ?, 'DRAFT', ?)",
     )
     .bind(&a.title)
     .bind(to_dt(a.start_at_ms))
     .bind(to_dt(a.end_at_ms))
     .bind(a.shard_count)
     .bind(a.per_user_limit)
+    .bind(a.challenge_bits)
     .execute(&mut *tx)
     .await?
     .last_insert_id();
@@ -81,7 +83,7 @@ pub async fn create_activity(pool: &MySqlPool, a: &NewActivity) -> Result<u64> {
 }
 
 const ACTIVITY_COLUMNS: &str = "id, title, start_at, end_at, shard_count, per_user_limit, \
-     status, publish_at, version";
+     status, publish_at, version, challenge_bits";
 
 fn activity_from_row(r: &sqlx::mysql::MySqlRow) -> Result<pb::Activity> {
     let publish_at: Option<NaiveDateTime> = r.try_get("publish_at")?;
@@ -96,6 +98,7 @@ fn activity_from_row(r: &sqlx::mysql::MySqlRow) -> Result<pb::Activity> {
         publish_at_ms: publish_at.map(to_ms).unwrap_or(0),
         items: Vec::new(),
         version: r.try_get("version")?,
+        challenge_bits: r.try_get("challenge_bits")?,
     })
 }
 
@@ -105,25 +108,28 @@ async fn items_of(pool: &MySqlPool, ids: &[u64]) -> Result<HashMap<u64, Vec<pb::
     if ids.is_empty() {
         return Ok(out);
     }
-    let marks = vec!["?"; ids.len()].join(",");
-    let sql = format!(
-        "SELECT id, activity_id, title, price_cents, sale_price_cents, total_stock \
-         FROM activity_items WHERE activity_id IN ({marks}) ORDER BY id"
-    );
-    let mut q = sqlx::query(&sql);
-    for id in ids {
-        q = q.bind(id);
-    }
-    for r in q.fetch_all(pool).await? {
-        let item = pb::Item {
-            id: r.try_get("id")?,
-            activity_id: r.try_get("activity_id")?,
-            title: r.try_get("title")?,
-            price_cents: r.try_get("price_cents")?,
-            sale_price_cents: r.try_get("sale_price_cents")?,
-            stock: r.try_get("total_stock")?,
-        };
-        out.entry(item.activity_id).or_default().push(item);
+    // Chunks: the catalog load asks for every published activity at once.
+    for ids in ids.chunks(1000) {
+        let marks = vec!["?"; ids.len()].join(",");
+        let sql = format!(
+            "SELECT id, activity_id, title, price_cents, sale_price_cents, total_stock \
+             FROM activity_items WHERE activity_id IN ({marks}) ORDER BY id"
+        );
+        let mut q = sqlx::query(&sql);
+        for id in ids {
+            q = q.bind(id);
+        }
+        for r in q.fetch_all(pool).await? {
+            let item = pb::Item {
+                id: r.try_get("id")?,
+                activity_id: r.try_get("activity_id")?,
+                title: r.try_get("title")?,
+                price_cents: r.try_get("price_cents")?,
+                sale_price_cents: r.try_get("sale_price_cents")?,
+                stock: r.try_get("total_stock")?,
+            };
+            out.entry(item.activity_id).or_default().push(item);
+        }
     }
     Ok(out)
 }
@@ -179,6 +185,51 @@ pub async fn list_activities(
     with_items(pool, acts).await
 }
 
+/// Every published activity with its items, for the catalog: no row limit (the
+/// API's list stops at 1000, and a catalog missing an open activity would answer
+/// UNAVAILABLE for it forever).
+pub async fn published_activities(pool: &MySqlPool) -> Result<Vec<pb::Activity>> {
+    let sql = format!("SELECT {ACTIVITY_COLUMNS} FROM activities WHERE status = ? ORDER BY id");
+    let acts = sqlx::query(&sql)
+        .bind(PUBLISHED)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(activity_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    with_items(pool, acts).await
+}
+
+/// What changes when an activity becomes published or stops being, or a published
+/// one is written: how many there are, the sums of their ids and versions, and the
+/// newest `updated_at` among them. One row, so the catalog poll reads the activities
+/// themselves only when it moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedMark {
+    pub count: i64,
+    pub id_sum: u64,
+    pub version_sum: u64,
+    pub newest: Option<NaiveDateTime>,
+}
+
+/// The [`PublishedMark`] now.
+pub async fn published_mark(pool: &MySqlPool) -> Result<PublishedMark> {
+    let r = sqlx::query(
+        "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(id), 0) AS UNSIGNED) AS ids, \
+         CAST(COALESCE(SUM(version), 0) AS UNSIGNED) AS versions, MAX(updated_at) AS newest \
+         FROM activities WHERE status = ?",
+    )
+    .bind(PUBLISHED)
+    .fetch_one(pool)
+    .await?;
+    Ok(PublishedMark {
+        count: r.try_get("n")?,
+        id_sum: r.try_get("ids")?,
+        version_sum: r.try_get("versions")?,
+        newest: r.try_get("newest")?,
+    })
+}
+
 /// Marks an activity published (warmed).
 pub async fn set_published(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<()> {
     sqlx::query(
@@ -225,8 +276,8 @@ pub struct ItemRecord {
     pub total_stock: u32,
     /// Units not yet taken by an order.
     pub stock: u32,
-    /// Active (PENDING or PAID) orders: (reservation id, user id, request id).
-    pub active: Vec<(String, String, String)>,
+    /// Active (PENDING or PAID) orders: (reservation id, user id, request id, units).
+    pub active: Vec<(String, String, String, u32)>,
 }
 
 /// Items of an activity with their active orders, and which of `rids` exist as
@@ -253,7 +304,7 @@ pub async fn snapshot(
         });
     }
     for r in sqlx::query(
-        "SELECT id, item_id, user_id, request_id FROM orders \
+        "SELECT id, item_id, user_id, request_id, quantity FROM orders \
          WHERE activity_id = ? AND status IN ('PENDING', 'PAID')",
     )
     .bind(activity)
@@ -266,6 +317,7 @@ pub async fn snapshot(
                 r.try_get("id")?,
                 r.try_get("user_id")?,
                 r.try_get("request_id")?,
+                r.try_get("quantity")?,
             ));
         }
     }
@@ -285,7 +337,7 @@ pub async fn snapshot(
     Ok((items, known))
 }
 
-/// Active orders of one item, and its MySQL stock.
+/// Units of the active orders of one item, and its MySQL stock.
 pub async fn item_counts(pool: &MySqlPool, item: u64) -> Result<Option<(i64, i64)>> {
     let Some(row) = sqlx::query("SELECT stock FROM activity_items WHERE id = ?")
         .bind(item)
@@ -296,7 +348,8 @@ pub async fn item_counts(pool: &MySqlPool, item: u64) -> Result<Option<(i64, i64
     };
     let stock: u32 = row.try_get("stock")?;
     let active: i64 = sqlx::query(
-        "SELECT COUNT(*) AS n FROM orders WHERE item_id = ? AND status IN ('PENDING', 'PAID')",
+        "SELECT CAST(COALESCE(SUM(quantity), 0) AS SIGNED) AS n FROM orders \
+         WHERE item_id = ? AND status IN ('PENDING', 'PAID')",
     )
     .bind(item)
     .fetch_one(pool)

@@ -28,6 +28,23 @@ pub fn current_trace_parent() -> Option<std::sync::Arc<str>> {
     TRACE_PARENT.try_with(Clone::clone).ok().flatten()
 }
 
+/// Largest `per_user_limit` of an activity, and so the largest quantity of one
+/// reservation.
+pub const MAX_PER_USER_LIMIT: u32 = 100;
+
+/// A Reserve quantity: 0 (unset) means 1; above [`MAX_PER_USER_LIMIT`] is refused
+/// here (the activity's own limit is checked once the activity is known).
+pub fn quantity(field: &str, q: u32) -> Result<u32> {
+    match q {
+        0 => Ok(1),
+        q if q > MAX_PER_USER_LIMIT => Err(invalid(
+            field,
+            format!("must be 1..={MAX_PER_USER_LIMIT} and at most the activity's per_user_limit"),
+        )),
+        q => Ok(q),
+    }
+}
+
 /// A positive id (activity or item).
 pub fn positive_id(field: &str, id: u64) -> Result<u64> {
     if id == 0 {
@@ -54,7 +71,13 @@ pub struct NewActivity {
     pub shard_count: u32,
     pub per_user_limit: u32,
     pub items: Vec<NewItem>,
+    /// Proof-of-work bits per sub-puzzle at the edge (0 = off).
+    pub challenge_bits: u32,
 }
+
+/// Most proof-of-work bits per sub-puzzle an activity may ask: 32 sub-puzzles of 24
+/// bits are ~5·10^8 hashes, minutes on a phone; beyond is a lock-out.
+pub const MAX_CHALLENGE_BITS: u32 = 24;
 
 /// Largest stock of one item (keeps every count in i64 and in MySQL's INT UNSIGNED).
 pub const MAX_ITEM_STOCK: u32 = 100_000_000;
@@ -106,8 +129,17 @@ impl NewActivity {
         } else {
             req.per_user_limit
         };
-        if per_user_limit != 1 {
-            return Err(invalid("per_user_limit", "only 1 is supported"));
+        if per_user_limit > MAX_PER_USER_LIMIT {
+            return Err(invalid(
+                "per_user_limit",
+                format!("must be 1..={MAX_PER_USER_LIMIT} (0 means 1)"),
+            ));
+        }
+        if req.challenge_bits > MAX_CHALLENGE_BITS {
+            return Err(invalid(
+                "challenge_bits",
+                format!("must be 0..={MAX_CHALLENGE_BITS} (0 = no challenge)"),
+            ));
         }
         if req.items.is_empty() {
             return Err(invalid("items", "must hold at least one item"));
@@ -148,6 +180,7 @@ impl NewActivity {
             shard_count,
             per_user_limit,
             items,
+            challenge_bits: req.challenge_bits,
         })
     }
 }
@@ -164,6 +197,17 @@ mod tests {
         for bad in ["", "a|b", "a b", "a\nb", &"x".repeat(65)] {
             let e = user_id("user_id", bad).unwrap_err().to_string();
             assert!(e.starts_with("user_id: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_quantity_defaults_to_one_and_is_bounded() {
+        assert_eq!(quantity("quantity", 0).unwrap(), 1);
+        assert_eq!(quantity("quantity", 7).unwrap(), 7);
+        assert_eq!(quantity("quantity", MAX_PER_USER_LIMIT).unwrap(), 100);
+        for bad in [MAX_PER_USER_LIMIT + 1, u32::MAX] {
+            let e = quantity("quantity", bad).unwrap_err().to_string();
+            assert!(e.starts_with("quantity: "), "{e}");
         }
     }
 }

@@ -11,7 +11,8 @@
 //! - [`shard`]: per-shard state: the high-water mark and the group-commit queue.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
 //!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, lost-reservation
-//!   accounting, fence check, start-up check), [`lease`] (one rebuilder per activity
+//!   accounting, start-up check), [`fence`] (the periodic fence check, flat in the
+//!   number of activities), [`lease`] (one rebuilder per activity
 //!   across a fleet) and [`admin`] (create, publish, status, reconcile, bans).
 //! - [`service`]: the thin gRPC impls; [`error`]: the one error type; [`metrics`].
 //! - [`run`]: serve until shutdown.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod error;
+pub mod fence;
 pub mod lease;
 pub mod metrics;
 pub mod recompute;

@@ -10,11 +10,12 @@ use prometheus::{
 
 /// Labels of `stockd_reservations_total` (what `Reserve::label` and the error path
 /// give).
-pub const RESERVE_OUTCOMES: [&str; 9] = [
+pub const RESERVE_OUTCOMES: [&str; 10] = [
     "reserved",
     "retry",
     "duplicate",
     "sold_out",
+    "not_enough",
     "not_started",
     "ended",
     "not_found",
@@ -355,17 +356,21 @@ mod tests {
                 reservation_id: String::new(),
                 remaining_hint: 0,
                 retry: false,
+                quantity: 1,
             },
             Reserve::Reserved {
                 reservation_id: String::new(),
                 remaining_hint: 0,
                 retry: true,
+                quantity: 2,
             },
             Reserve::Duplicate {
                 reservation_id: String::new(),
                 remaining_hint: 0,
+                quantity: 1,
             },
             Reserve::SoldOut,
+            Reserve::NotEnough { remaining: 1 },
             Reserve::NotStarted,
             Reserve::Ended,
             Reserve::NotFound,

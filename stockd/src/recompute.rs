@@ -14,7 +14,8 @@
 //!    was handed out; those neither in the stream nor in MySQL (orders, dead letters)
 //!    are lost reservations, logged by id and counted by path;
 //! 5. per shard: buyers = active orders + in-flight reservations of users whose
-//!    record lives there; stock = split of (MySQL stock − in flight);
+//!    record lives there, each holding its reservation's k units; stock = split of
+//!    (MySQL stock − units in flight);
 //! 6. `REBUILD open` under the token and a new epoch (sequence back to 0), which opens
 //!    the shard again; then the sold-out flags, the meta hash and the activity set.
 //!
@@ -24,9 +25,9 @@
 //! Lost state is found four ways: the reserve script answers LOST (a fence or a stock
 //! key is gone) or BEHIND (the shard's reservation sequence is below one this process
 //! already saw handed out under the same fence epoch: Redis lost writes but kept the
-//! fence, as after a failover to a lagging replica), a periodic check of every shard's
-//! fence and sequence finds either even when nobody is buying, and at start-up MySQL
-//! holding reservations past a shard's sequence. A failover or restart that lost
+//! fence, as after a failover to a lagging replica), the fence check ([`crate::fence`])
+//! of shards' fences and sequences finds either even when nobody is buying, and at
+//! start-up MySQL holding reservations past a shard's sequence. A failover or restart that lost
 //! nothing needs no rebuild and gets none: in particular a stockd that starts while its
 //! peers serve leaves their open shards alone.
 
@@ -38,7 +39,7 @@ use std::time::Duration;
 use seckill_lua::calls::RebuildCall;
 use seckill_lua::clock::now_ms;
 use seckill_lua::ids::epoch_from_millis;
-use seckill_lua::messages::entry;
+use seckill_lua::messages::{buyer_record, entry};
 use seckill_lua::{home_shard, keys, split_stock, ReservationId};
 
 use crate::app::App;
@@ -80,6 +81,8 @@ struct StreamEntry {
     user: String,
     item: u64,
     request: String,
+    /// Units (the entry's `q`, 1 without it).
+    units: u32,
 }
 
 /// One shard's fence (epoch) and sequence, as read from Redis.
@@ -226,6 +229,11 @@ impl App {
                     user: user.clone(),
                     item,
                     request: fields.get(entry::REQUEST).cloned().unwrap_or_default(),
+                    // A malformed `q` (never written by the script) counts as one unit.
+                    units: seckill_lua::messages::quantity(
+                        fields.get(entry::QUANTITY).map(String::as_str),
+                    )
+                    .unwrap_or(1),
                 });
             }
         }
@@ -254,9 +262,10 @@ impl App {
                 .iter()
                 .filter(|e| e.item == rec.item_id && !known.contains(&e.rid))
                 .collect();
-            let avail = (i64::from(rec.stock) - in_flight.len() as i64).max(0);
+            let in_flight_units: i64 = in_flight.iter().map(|e| i64::from(e.units)).sum();
+            let avail = (i64::from(rec.stock) - in_flight_units).max(0);
             counts.insert(rec.item_id, split_stock(avail as u64, shards));
-            for (rid, user, request) in &rec.active {
+            for (rid, user, request, units) in &rec.active {
                 let shard = rid
                     .parse::<ReservationId>()
                     .ok()
@@ -266,19 +275,19 @@ impl App {
                 buyers[shard as usize]
                     .entry(rec.item_id)
                     .or_default()
-                    .push((user.clone(), format!("{rid}|{request}")));
+                    .push((user.clone(), buyer_record(rid, request, *units)));
             }
             for e in &in_flight {
                 buyers[e.shard as usize]
                     .entry(rec.item_id)
                     .or_default()
-                    .push((e.user.clone(), format!("{}|{}", e.rid, e.request)));
+                    .push((e.user.clone(), buyer_record(&e.rid, &e.request, e.units)));
             }
             report.push(Rebuilt {
                 item: rec.item_id,
                 stock: avail,
-                in_flight: in_flight.len() as i64,
-                active_orders: rec.active.len() as i64,
+                in_flight: in_flight_units,
+                active_orders: rec.active.iter().map(|o| i64::from(o.3)).sum(),
             });
         }
         // 6. Write and open each shard under a new epoch.
@@ -502,7 +511,11 @@ impl App {
     }
 
     /// Per shard: its fence (epoch) and its reservation sequence, one `MGET` each.
-    async fn shard_marks(&self, a: u64, shards: u32) -> Result<Vec<(Option<String>, u64)>> {
+    pub(crate) async fn shard_marks(
+        &self,
+        a: u64,
+        shards: u32,
+    ) -> Result<Vec<(Option<String>, u64)>> {
         let futs = (0..shards).map(|i| self.redis.mget(vec![keys::fence(a, i), keys::seq(a, i)]));
         Ok(futures::future::try_join_all(futs)
             .await?
@@ -551,65 +564,6 @@ impl App {
             gap.promised,
         );
         self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
-    }
-
-    /// One pass of the fence check over every activity whose window has not ended:
-    /// a missing fence starts a recompute; an activity whose fences are all there
-    /// (at start-up) opens.
-    pub async fn check_fences(self: &Arc<Self>) {
-        let now = now_ms();
-        for entry in self.catalog.all() {
-            if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
-                continue;
-            }
-            // Marks first, Redis second: whatever this process saw before the read,
-            // a Redis that lost nothing has at least reached.
-            let seen: Vec<HighWater> = (0..entry.shards()).map(|i| entry.high_water(i)).collect();
-            let marks = match self.shard_marks(entry.id(), entry.shards()).await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(activity = entry.id(), error = %e, "fence check failed");
-                    continue;
-                }
-            };
-            if marks.iter().any(|(fence, _)| fence.is_none()) {
-                self.trigger_recompute(&entry, Cause::Lost, "fence missing");
-                continue;
-            }
-            let behind = marks
-                .iter()
-                .zip(&seen)
-                .enumerate()
-                .find(|(_, ((fence, seq), hw))| {
-                    fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
-                });
-            if let Some((i, ((_, seq), hw))) = behind {
-                self.lost_writes(&entry, i as u32, hw, *seq);
-                continue;
-            }
-            if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {
-                entry.available.store(true, Ordering::Release);
-            }
-        }
-        let closed = self
-            .catalog
-            .all()
-            .iter()
-            .filter(|e| e.end_ms() > now && e.start_ms() <= now && !e.is_available())
-            .count();
-        self.metrics.unavailable_activities.set(closed as i64);
-    }
-
-    /// Fence check every `stock.fence_check_ms` until shutdown.
-    pub async fn fence_loop(self: Arc<Self>) {
-        let period = Duration::from_millis(self.config.stock.fence_check_ms);
-        loop {
-            self.check_fences().await;
-            tokio::select! {
-                _ = tokio::time::sleep(period) => {}
-                _ = self.shutdown.clone().wait() => return,
-            }
-        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! lent to that pipeline alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
@@ -33,6 +34,8 @@ pub struct Redis {
     /// Replica-acknowledged calls, grouped per master (none when `redis.replica_acks`
     /// is 0).
     acks: Option<std::sync::Arc<Acks>>,
+    /// Raised on every reconnection and cluster-map change any pool client reports.
+    topology: std::sync::Arc<AtomicU64>,
 }
 
 /// What a replica-acknowledged call got back.
@@ -90,12 +93,17 @@ impl Redis {
         } else {
             None
         };
+        let topology = std::sync::Arc::new(AtomicU64::new(0));
+        for client in pool.clients() {
+            watch_topology(client, &topology);
+        }
         let redis = Self {
             pool,
             timeout,
             metrics,
             scripts,
             acks,
+            topology,
         };
         if let Err(e) = redis.load_scripts().await {
             tracing::warn!(error = %e, "cannot load scripts yet; will load on first NOSCRIPT");
@@ -106,6 +114,14 @@ impl Redis {
     /// `SCRIPT LOAD` of every script on every primary.
     pub async fn load_scripts(&self) -> Result<()> {
         self.deadline(self.scripts.load(self.client())).await
+    }
+
+    /// How many times a pool client reconnected to a node or saw the cluster's slot map
+    /// change since start. A node that restarted (maybe empty) or a replica promoted in
+    /// a failover (maybe behind its old master) shows here, with no command failing:
+    /// the fence check reads every shard once when it moves ([`crate::fence`]).
+    pub fn topology_changes(&self) -> u64 {
+        self.topology.load(Ordering::Acquire)
     }
 
     /// One client of the pool (round robin).
@@ -243,6 +259,18 @@ impl Redis {
         self.deadline(self.client().hlen::<i64, _>(key)).await
     }
 
+    /// Units held by the buyer records of one buyers hash (`HVALS`; each record holds
+    /// its reservation's k, one when it names none).
+    pub async fn held_units(&self, key: String) -> Result<i64> {
+        let records = self
+            .deadline(self.client().hvals::<Vec<String>, _>(key))
+            .await?;
+        Ok(records
+            .iter()
+            .map(|r| i64::from(seckill_lua::messages::buyer_record_units(r)))
+            .sum())
+    }
+
     /// `DEL` of one key; true when it existed.
     pub async fn del(&self, key: String) -> Result<bool> {
         Ok(self.deadline(self.client().del::<i64, _>(key)).await? > 0)
@@ -311,6 +339,30 @@ impl Redis {
         )
         .await
     }
+}
+
+/// Raises `counter` on every reconnection and cluster change `client` reports, until
+/// the client is dropped (its channels close).
+fn watch_topology(client: &Client, counter: &std::sync::Arc<AtomicU64>) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut reconnects = client.reconnect_rx();
+    let mut changes = client.cluster_change_rx();
+    let counter = counter.clone();
+    tokio::spawn(async move {
+        loop {
+            let got = tokio::select! {
+                r = reconnects.recv() => r.map(|_| ()),
+                r = changes.recv() => r.map(|_| ()),
+            };
+            match got {
+                // Lagged: events were missed, which is an event too.
+                Ok(()) | Err(RecvError::Lagged(_)) => {
+                    counter.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
 }
 
 /// The parts of a script's array answer.

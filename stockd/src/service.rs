@@ -12,7 +12,7 @@ use seckill_proto::pb::{
 };
 
 use crate::app::App;
-use crate::domain::{positive_id, request_id, user_id, TRACE_PARENT};
+use crate::domain::{positive_id, quantity, request_id, user_id, TRACE_PARENT};
 use crate::error::invalid;
 use crate::stock::{Release, Reserve};
 use seckill_proto::trace::TraceParent;
@@ -51,25 +51,33 @@ impl StockService for StockSvc {
         let s = positive_id("item_id", r.item_id)?;
         let user = user_id("user_id", &r.user_id)?;
         let request = request_id("request_id", &r.request_id)?;
+        let units = quantity("quantity", r.quantity)?;
         let (outcome, window) = TRACE_PARENT
-            .scope(trace, self.app.reserve(a, s, &user, &request))
+            .scope(trace, self.app.reserve(a, s, &user, &request, units))
             .await?;
         let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
         use pb::ReserveOutcome as O;
-        let (outcome, reservation_id, remaining_hint) = match outcome {
+        let mut item_remaining = 0;
+        let (outcome, reservation_id, remaining_hint, quantity) = match outcome {
             Reserve::Reserved {
                 reservation_id,
                 remaining_hint,
+                quantity,
                 ..
-            } => (O::Reserved, reservation_id, remaining_hint),
+            } => (O::Reserved, reservation_id, remaining_hint, quantity),
             Reserve::Duplicate {
                 reservation_id,
                 remaining_hint,
-            } => (O::Duplicate, reservation_id, remaining_hint),
-            Reserve::SoldOut => (O::SoldOut, String::new(), 0),
-            Reserve::NotStarted => (O::NotStarted, String::new(), 0),
-            Reserve::Ended => (O::Ended, String::new(), 0),
-            Reserve::NotFound => (O::NotFound, String::new(), 0),
+                quantity,
+            } => (O::Duplicate, reservation_id, remaining_hint, quantity),
+            Reserve::SoldOut => (O::SoldOut, String::new(), 0, 0),
+            Reserve::NotEnough { remaining } => {
+                item_remaining = remaining;
+                (O::NotEnough, String::new(), remaining, 0)
+            }
+            Reserve::NotStarted => (O::NotStarted, String::new(), 0, 0),
+            Reserve::Ended => (O::Ended, String::new(), 0, 0),
+            Reserve::NotFound => (O::NotFound, String::new(), 0, 0),
         };
         Ok(Response::new(pb::ReserveResponse {
             outcome: outcome as i32,
@@ -77,6 +85,8 @@ impl StockService for StockSvc {
             remaining_hint,
             start_at_ms,
             end_at_ms,
+            quantity,
+            item_remaining,
         }))
     }
 

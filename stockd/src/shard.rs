@@ -109,13 +109,16 @@ pub(crate) fn epoch_newer(a: &str, b: &str) -> bool {
     (a.len(), a) > (b.len(), b)
 }
 
-/// One answer of the reserve script for one reservation.
+/// One answer of the reserve script for one reservation: reservation id, units left
+/// in the shard, units the reservation holds.
 #[derive(Debug)]
 pub(crate) enum Script {
-    Reserved(String, i64),
-    Retry(String, i64),
-    Duplicate(String, i64),
+    Reserved(String, i64, u32),
+    Retry(String, i64, u32),
+    Duplicate(String, i64, u32),
     SoldOut,
+    /// The shard holds this many units, fewer than asked for (but some).
+    Short(i64),
     Lost,
     /// Redis lost writes: the shard's sequence (second) is below the high-water mark
     /// (first) the call was made with, under the same epoch.
@@ -127,6 +130,8 @@ pub(crate) struct Pending {
     pub item: u64,
     pub user: UserId,
     pub request: RequestId,
+    /// Units asked for (>= 1).
+    pub units: u32,
     /// The buyer's `traceparent`, written into the stream entry.
     pub trace: Option<std::sync::Arc<str>>,
     pub answer: oneshot::Sender<Result<Script>>,

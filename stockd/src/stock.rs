@@ -1,10 +1,13 @@
 //! The hot path: Reserve (one Lua call on the user's home shard, rebalancing when
 //! the home shard is empty), Release, and sold-out publication.
 //!
-//! Rebalancing: when the home shard answers SOLD_OUT, stockd scans the other shards
-//! from a rotating offset, `TAKE`s up to `stock.rebalance_batch` units from the first
-//! donor that has some, `GIVE`s them to the home shard and reserves again, at most
-//! `stock.rebalance_attempts` times. A take is a decrement on the donor; a give is an
+//! Rebalancing: when the home shard answers SOLD_OUT (or SHORT: it holds fewer than
+//! the k units asked for), stockd scans the other shards from a rotating offset,
+//! `TAKE`s up to `max(stock.rebalance_batch, units missing)` from each donor that has
+//! some until the home shard has gained what it missed, `GIVE`s them to the home shard
+//! and reserves again, at most `stock.rebalance_attempts` times. When the shards hold
+//! fewer than k units together, the answer is NOT_ENOUGH with that count (SOLD_OUT
+//! when they hold none). A take is a decrement on the donor; a give is an
 //! increment on the home shard; a crash between them loses units (undersell,
 //! repaired by recompute) and never creates one. When a full scan finds every shard
 //! empty, the item is sold out: `SET sk:{a}:soldout:<s>` and a message on
@@ -35,18 +38,25 @@ use crate::shard::Script;
 /// What Reserve answers. Business outcomes, not errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reserve {
-    /// A unit is held. `retry`: the same request id had already reserved it.
+    /// `quantity` units are held. `retry`: the same request id had already reserved
+    /// them (`quantity` is then the units of that reservation).
     Reserved {
         reservation_id: String,
         remaining_hint: i64,
         retry: bool,
+        quantity: u32,
     },
-    /// The user holds a unit under another request id.
+    /// The user holds a reservation of `quantity` units under another request id.
     Duplicate {
         reservation_id: String,
         remaining_hint: i64,
+        quantity: u32,
     },
     SoldOut,
+    /// Fewer units than asked for are left in the item (`remaining`, >= 1).
+    NotEnough {
+        remaining: i64,
+    },
     NotStarted,
     Ended,
     NotFound,
@@ -59,6 +69,7 @@ impl Reserve {
             Self::Reserved { retry: true, .. } => "retry",
             Self::Duplicate { .. } => "duplicate",
             Self::SoldOut => "sold_out",
+            Self::NotEnough { .. } => "not_enough",
             Self::NotStarted => "not_started",
             Self::Ended => "ended",
             Self::NotFound => "not_found",
@@ -77,24 +88,28 @@ pub enum Release {
 enum Step {
     /// The donor had nothing.
     Empty,
-    /// Units went from the donor to the home shard.
-    Moved,
+    /// Units (this many) went from the donor to the home shard.
+    Moved(i64),
     /// A shard's state is gone; a recompute was started.
     Lost,
 }
 
 impl App {
-    /// Reserve one unit of `item` for `user`. The window (start, end) of the activity
-    /// is returned with the outcome when the activity is known.
+    /// Reserve `quantity` units (1..=the activity's `per_user_limit`) of `item` for
+    /// `user`. The window (start, end) of the activity is returned with the outcome
+    /// when the activity is known.
     pub async fn reserve(
         self: &Arc<Self>,
         activity: u64,
         item: u64,
         user: &UserId,
         request: &RequestId,
+        quantity: u32,
     ) -> Result<(Reserve, Option<(i64, i64)>)> {
         let started = Instant::now();
-        let out = self.reserve_inner(activity, item, user, request).await;
+        let out = self
+            .reserve_inner(activity, item, user, request, quantity)
+            .await;
         self.metrics
             .reserve_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -113,6 +128,7 @@ impl App {
         item: u64,
         user: &UserId,
         request: &RequestId,
+        quantity: u32,
     ) -> Result<(Reserve, Option<(i64, i64)>)> {
         let Some(entry) = self.catalog.get(activity) else {
             if !self.catalog.is_loaded() {
@@ -132,6 +148,13 @@ impl App {
         let Some(item_entry) = entry.items.get(&item) else {
             return Ok((Reserve::NotFound, window));
         };
+        let limit = entry.activity.per_user_limit.max(1);
+        if quantity == 0 || quantity > limit {
+            return Err(invalid(
+                "quantity",
+                format!("must be 1..={limit} (the activity's per_user_limit)"),
+            ));
+        }
         let now = now_ms();
         if now < entry.start_ms() {
             return Ok((Reserve::NotStarted, window));
@@ -150,10 +173,10 @@ impl App {
         let mut moved = false;
         for attempt in 0..=attempts {
             match self
-                .reserve_script(&entry, item, home, user, request)
+                .reserve_script(&entry, item, home, user, request, quantity)
                 .await?
             {
-                Script::Reserved(rid, left) => {
+                Script::Reserved(rid, left, units) => {
                     if left == 0 {
                         self.spawn_sold_out_check(&entry, item);
                     } else if moved {
@@ -168,25 +191,28 @@ impl App {
                             reservation_id: rid,
                             remaining_hint: left,
                             retry: false,
+                            quantity: units,
                         },
                         window,
                     ));
                 }
-                Script::Retry(rid, left) => {
+                Script::Retry(rid, left, units) => {
                     return Ok((
                         Reserve::Reserved {
                             reservation_id: rid,
                             remaining_hint: left,
                             retry: true,
+                            quantity: units,
                         },
                         window,
                     ))
                 }
-                Script::Duplicate(rid, left) => {
+                Script::Duplicate(rid, left, units) => {
                     return Ok((
                         Reserve::Duplicate {
                             reservation_id: rid,
                             remaining_hint: left,
+                            quantity: units,
                         },
                         window,
                     ))
@@ -207,21 +233,52 @@ impl App {
                         "activity {activity} lost Redis writes; rebuilding from MySQL"
                     )));
                 }
+                Script::SoldOut | Script::Short(_) if attempt == attempts => break,
                 Script::SoldOut => {
-                    if attempt == attempts {
-                        break;
-                    }
                     // The cold path is boxed: it keeps this future small, and the gRPC
                     // layer moves every Reserve future (its largest state) into a box.
-                    match Box::pin(self.home_empty(&entry, item, home)).await? {
+                    match Box::pin(self.home_empty(&entry, item, home, quantity, 0)).await? {
                         Empty::Retry { moved: m } => {
                             moved |= m;
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
+                        Empty::NotEnough(remaining) => {
+                            return Ok((Reserve::NotEnough { remaining }, window))
+                        }
+                    }
+                }
+                Script::Short(have) => {
+                    match Box::pin(self.home_empty(&entry, item, home, quantity, have)).await? {
+                        Empty::Retry { moved: m } => {
+                            moved |= m;
+                            continue;
+                        }
+                        Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
+                        Empty::NotEnough(remaining) => {
+                            return Ok((Reserve::NotEnough { remaining }, window))
+                        }
                     }
                 }
             }
+        }
+        if quantity > 1 {
+            // Out of attempts while other calls moved the units around: say what the
+            // shards hold now when it is short of the quantity; otherwise the caller
+            // retries (concurrent multi-unit buyers took turns emptying each other's
+            // home shards).
+            let left: i64 = Box::pin(self.shard_stock(activity, item, shards))
+                .await?
+                .iter()
+                .map(|&n| n.max(0))
+                .sum();
+            return match left {
+                0 => Ok((Reserve::SoldOut, window)),
+                n if n < i64::from(quantity) => Ok((Reserve::NotEnough { remaining: n }, window)),
+                _ => Err(Error::Unavailable(format!(
+                    "could not gather {quantity} units on one shard under contention; retry"
+                ))),
+            };
         }
         // Out of attempts while donors still had units: a false sold-out.
         item_entry.false_sold_out.fetch_add(1, Ordering::Relaxed);
@@ -229,27 +286,47 @@ impl App {
         Ok((Reserve::SoldOut, window))
     }
 
-    /// After the home shard answered SOLD_OUT: sold out for good (the flag is set, or a
-    /// scan and a second look found every shard empty), or try again (units moved
-    /// home, or some are in transit between another call's take and give).
+    /// After the home shard answered SOLD_OUT (`have` 0) or SHORT (it holds `have`,
+    /// fewer than the `units` asked for): sold out for good (the flag is set, or a scan
+    /// and a second look found every shard empty), not enough (the shards hold fewer
+    /// than `units` together), or try again (units moved home, or some are in transit
+    /// between another call's take and give).
     async fn home_empty(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
+        units: u32,
+        have: i64,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
-        if shards == 1 || self.redis.exists(keys::sold_out(activity, item)).await? {
+        if shards == 1 {
+            return Ok(if have > 0 {
+                Empty::NotEnough(have)
+            } else {
+                Empty::SoldOut
+            });
+        }
+        if have <= 0 && self.redis.exists(keys::sold_out(activity, item)).await? {
             return Ok(Empty::SoldOut);
         }
-        match self.rebalance(entry, item, home).await? {
+        let missing = (i64::from(units) - have.max(0)).max(1);
+        match self.rebalance(entry, item, home, missing).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
-            Moved::Nothing => {
+            Moved::Nothing | Moved::Some => {
                 // Units may be in transit between a take and a give of another call:
-                // look again before declaring it sold out.
-                let left = self.shard_stock(activity, item, shards).await?;
-                if left.iter().any(|&n| n > 0) {
-                    return Ok(Empty::Retry { moved: false });
+                // look again before declaring it sold out (or short).
+                let left: i64 = self
+                    .shard_stock(activity, item, shards)
+                    .await?
+                    .iter()
+                    .map(|&n| n.max(0))
+                    .sum();
+                if left >= i64::from(units) {
+                    return Ok(Empty::Retry { moved: true });
+                }
+                if left > 0 {
+                    return Ok(Empty::NotEnough(left));
                 }
                 self.mark_sold_out(activity, item).await?;
                 Ok(Empty::SoldOut)
@@ -257,33 +334,48 @@ impl App {
         }
     }
 
-    /// Moves up to `rebalance_batch` units from the first donor shard that has some
-    /// to `home`.
+    /// Moves units from donor shards to `home` until `missing` have moved: up to
+    /// `max(rebalance_batch, still missing)` from each donor in turn.
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
+        missing: i64,
     ) -> Result<Moved> {
         let a = entry.id();
         let shards = entry.shards();
         let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
+        let mut moved = 0i64;
         for k in 0..shards {
             let donor = (start.wrapping_add(k)) % shards;
             if donor == home {
                 continue;
             }
+            let want = u32::try_from(missing - moved)
+                .unwrap_or(u32::MAX)
+                .max(self.config.stock.rebalance_batch);
             // The move runs in a task of its own: when the caller goes away (a client
             // deadline drops this future) between the take and the give, the give still
             // happens instead of the taken units vanishing.
-            let task =
-                tokio::spawn(Arc::clone(self).move_units(Arc::clone(entry), item, donor, home));
+            let task = tokio::spawn(Arc::clone(self).move_units(
+                Arc::clone(entry),
+                item,
+                donor,
+                home,
+                want,
+            ));
             let step = task
                 .await
                 .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
             match step {
                 Step::Empty => continue,
-                Step::Moved => return Ok(Moved::Units),
+                Step::Moved(n) => {
+                    moved += n;
+                    if moved >= missing {
+                        return Ok(Moved::Units);
+                    }
+                }
                 Step::Lost => {
                     return Err(Error::Unavailable(format!(
                         "activity {a} lost its Redis state; rebuilding from MySQL"
@@ -291,21 +383,25 @@ impl App {
                 }
             }
         }
-        Ok(Moved::Nothing)
+        Ok(if moved > 0 {
+            Moved::Some
+        } else {
+            Moved::Nothing
+        })
     }
 
-    /// One move of up to `stock.rebalance_batch` units from `donor` to `home`: TAKE
-    /// on the donor, then GIVE on the home shard. Run as a task of its own (see
-    /// [`Self::rebalance`]).
+    /// One move of up to `want` units from `donor` to `home`: TAKE on the donor, then
+    /// GIVE on the home shard. Run as a task of its own (see [`Self::rebalance`]).
     async fn move_units(
         self: Arc<Self>,
         entry: Arc<ActivityEntry>,
         item: u64,
         donor: u32,
         home: u32,
+        want: u32,
     ) -> Result<Step> {
         let a = entry.id();
-        let take = TakeCall::new(a, donor, item, self.config.stock.rebalance_batch);
+        let take = TakeCall::new(a, donor, item, want);
         let took = self.redis.call_acked(take, &keys::fence(a, donor)).await?;
         let taken = match MoveReply::from_reply(int(&took.value)?) {
             MoveReply::FenceMissing => {
@@ -344,7 +440,7 @@ impl App {
         }
         self.metrics.rebalance_units.inc_by(taken as u64);
         tracing::debug!(a, item, donor, home, taken, "moved units");
-        Ok(Step::Moved)
+        Ok(Step::Moved(taken))
     }
 
     /// Sets the sold-out key and announces it when this call set it.
@@ -412,7 +508,8 @@ impl App {
         });
     }
 
-    /// Give a reserved unit back, only while the buyer record still names it.
+    /// Give a reservation's units back (the k its buyer record holds), only while the
+    /// buyer record still names it.
     pub async fn release(&self, reservation: &str, user: &UserId) -> Result<Release> {
         let rid: ReservationId =
             reservation
@@ -434,11 +531,12 @@ impl App {
                 .call(ReleaseCall::new(&rid, user.as_str(), true))
                 .await?,
         )?;
+        let units = parts.get(2).map(int).transpose()?.unwrap_or(1);
         let outcome = parts
             .first()
             .map(text)
             .zip(parts.get(1).map(int).transpose()?)
-            .and_then(|(outcome, left)| Released::from_reply(&outcome, left));
+            .and_then(|(outcome, left)| Released::from_reply(&outcome, left, units));
         let outcome = match outcome {
             Some(Released::Released { .. }) => Release::Released,
             Some(Released::NotHeld) => Release::NotHeld,
@@ -461,12 +559,19 @@ impl App {
 }
 
 enum Moved {
+    /// Every missing unit moved home.
     Units,
+    /// Some moved, fewer than missing.
+    Some,
     Nothing,
 }
 
-/// What follows a SOLD_OUT from the home shard.
+/// What follows a SOLD_OUT or SHORT from the home shard.
 enum Empty {
-    Retry { moved: bool },
+    Retry {
+        moved: bool,
+    },
     SoldOut,
+    /// The shards hold this many units together, fewer than asked for.
+    NotEnough(i64),
 }

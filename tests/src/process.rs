@@ -125,6 +125,16 @@ where
     }
 }
 
+/// `kill -<sig> pid`; panics when `kill` fails (no such process).
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(ok.success(), "kill -{sig} {pid}");
+}
+
 /// True when something accepts TCP connections on `127.0.0.1:port`.
 pub fn port_open(port: u16) -> bool {
     TcpStream::connect_timeout(

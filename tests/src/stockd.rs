@@ -166,6 +166,49 @@ pub async fn create_published_activity_with(
     start_in: Duration,
     length: Duration,
 ) -> pb::Activity {
+    create_published_activity_limited(admin, items, shards, start_in, length, 1).await
+}
+
+/// `n` live activities (open now, for `length`), each one item of `stock` units over
+/// `shards` shards, created 8 at a time: `(activity, item)` ids, in no particular order.
+pub async fn create_live_activities(
+    admin: &AdminClient,
+    n: usize,
+    stock: u32,
+    shards: u32,
+    length: Duration,
+) -> Vec<(u64, u64)> {
+    use futures::StreamExt;
+    futures::stream::iter(0..n)
+        .map(|_| {
+            let mut admin = admin.clone();
+            async move {
+                let a = create_published_activity_with(
+                    &mut admin,
+                    &[(stock, 100)],
+                    shards,
+                    Duration::ZERO,
+                    length,
+                )
+                .await;
+                (a.id, a.items[0].id)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+/// [`create_published_activity_with`] where one user may hold up to `per_user_limit`
+/// units of an item (multi-unit reservations).
+pub async fn create_published_activity_limited(
+    admin: &mut AdminClient,
+    items: &[(u32, i64)],
+    shards: u32,
+    start_in: Duration,
+    length: Duration,
+    per_user_limit: u32,
+) -> pb::Activity {
     let now = seckill_lua::clock::now_ms();
     let start = if start_in.is_zero() {
         now - 1000
@@ -181,7 +224,8 @@ pub async fn create_published_activity_with(
         } else {
             shards
         },
-        per_user_limit: 1,
+        per_user_limit,
+        challenge_bits: 0,
         items: items
             .iter()
             .enumerate()
@@ -342,6 +386,7 @@ pub async fn reserve(
         item_id: item,
         user_id: user.into(),
         request_id: request.into(),
+        ..Default::default()
     })
     .await
     .map(|r| r.into_inner())

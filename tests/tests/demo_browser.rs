@@ -1,7 +1,8 @@
 #![cfg(all(feature = "stockd", feature = "orderd", feature = "gateway"))]
 //! The sale page in a real headless Chromium: sign in, see the buy button greyed until
 //! the server's opening time, buy, watch the order arrive over SSE, pay, and find the
-//! order PAID in MySQL.
+//! order PAID in MySQL; solve the challenge in Web Workers; wait in the queue; and the
+//! whole fair entry in one page (queue, then challenge, then buy).
 //!
 //! WebDriver is spoken directly over HTTP/JSON with reqwest (a dozen W3C endpoints)
 //! rather than through `fantoccini`: its TLS features would add either OpenSSL or a second
@@ -20,6 +21,7 @@ use std::time::Duration;
 use seckill_tests::gateway::{set, GatewayHandle, Stack};
 use seckill_tests::init_tracing;
 use seckill_tests::process::free_port;
+use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::create_published_activity;
 use serde_json::{json, Value};
 
@@ -233,6 +235,65 @@ impl Driver {
         panic!("{css} never matched; last text: {last:?}");
     }
 
+    /// Opens `gw`'s sale page, waits for the activity titled `title` and signs in as
+    /// `user`.
+    async fn sign_in(&self, gw: &GatewayHandle, title: &str, user: &str) {
+        self.goto(&format!("{}/", gw.base_url())).await;
+        self.wait_text("#title", 20, |t| t.contains(title)).await;
+        self.type_into("#user", user).await;
+        self.click("#login").await;
+        self.wait_text("#status", 20, |t| {
+            t.contains(&format!("Signed in as {user}"))
+        })
+        .await;
+    }
+
+    /// Polls until `css` is enabled, at most `secs`; false when it never was.
+    async fn wait_enabled(&self, css: &str, secs: u64) -> bool {
+        for _ in 0..secs * 10 {
+            if self.enabled(css).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// The progress indicator of the challenge: (value, max) of `#pow-bar`.
+    async fn pow_progress(&self) -> (Value, Value) {
+        let bar = self.element("#pow-bar").await;
+        let value = self
+            .get(&self.s(&format!("/element/{bar}/property/value")))
+            .await;
+        let max = self
+            .get(&self.s(&format!("/element/{bar}/property/max")))
+            .await;
+        (value, max)
+    }
+
+    /// Resizes the window (the default headless one cuts the page below the room).
+    async fn window_size(&self, width: u32, height: u32) {
+        self.post(
+            &self.s("/window/rect"),
+            json!({"width": width, "height": height}),
+        )
+        .await;
+    }
+
+    /// Saves a PNG screenshot of the page to `path`.
+    async fn screenshot(&self, path: &Path) {
+        use base64::Engine as _;
+        let v = self.get(&self.s("/screenshot")).await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().expect("screenshot is base64"))
+            .expect("screenshot base64");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("artefact dir");
+        }
+        std::fs::write(path, png).expect("write screenshot");
+        eprintln!("screenshot: {}", path.display());
+    }
+
     async fn quit(&self) {
         let _ = self
             .http
@@ -240,6 +301,25 @@ impl Driver {
             .send()
             .await;
     }
+}
+
+/// chromium and chromedriver, or `None` when one is missing outside CI (the caller then
+/// skips, loudly); in CI a missing browser fails the test.
+fn browser() -> Option<(PathBuf, PathBuf)> {
+    let (Some(chromium), Some(chromedriver)) = (
+        find_binary(&["chromium", "chromium-browser"]),
+        find_binary(&["chromedriver"]),
+    ) else {
+        let why = "chromium and chromium-driver are not installed \
+                   (apt-get install chromium chromium-driver; deploy/local/test.sh does it)";
+        assert!(
+            !in_ci(),
+            "CI is set, so the browser test may not skip: {why}"
+        );
+        eprintln!("\n*** SKIPPED the browser test: {why} ***\n");
+        return None;
+    };
+    Some((chromium, chromedriver))
 }
 
 async fn wait_ready(gw: &GatewayHandle) {
@@ -257,17 +337,7 @@ async fn wait_ready(gw: &GatewayHandle) {
 async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_order_is_paid_in_mysql(
 ) {
     init_tracing();
-    let (Some(chromium), Some(chromedriver)) = (
-        find_binary(&["chromium", "chromium-browser"]),
-        find_binary(&["chromedriver"]),
-    ) else {
-        let why = "chromium and chromium-driver are not installed \
-                   (apt-get install chromium chromium-driver; deploy/local/test.sh does it)";
-        assert!(
-            !in_ci(),
-            "CI is set, so the browser test may not skip: {why}"
-        );
-        eprintln!("\n*** SKIPPED the browser test: {why} ***\n");
+    let Some((chromium, chromedriver)) = browser() else {
         return;
     };
 
@@ -296,12 +366,7 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
     gw.wait_activity(sale.id).await;
 
     let d = Driver::start(&chromedriver, &chromium).await;
-    d.goto(&format!("{}/", gw.base_url())).await;
-    d.wait_text("#title", 20, |t| t.contains("test sale")).await;
-    d.type_into("#user", "browser-alice").await;
-    d.click("#login").await;
-    d.wait_text("#status", 20, |t| t.contains("Signed in as browser-alice"))
-        .await;
+    d.sign_in(&gw, "test sale", "browser-alice").await;
 
     // Before the opening: a countdown and a greyed button.
     let countdown = d.text("#countdown").await;
@@ -312,16 +377,8 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
     assert!(!d.enabled("#buy").await, "buy is greyed before the opening");
 
     // The server's opening time arrives: the button wakes up.
-    let mut open = false;
-    for _ in 0..300 {
-        if d.enabled("#buy").await {
-            open = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     assert!(
-        open,
+        d.wait_enabled("#buy", 30).await,
         "buy never enabled; countdown {:?}",
         d.text("#countdown").await
     );
@@ -358,4 +415,333 @@ async fn a_buyer_in_headless_chromium_waits_for_the_opening_buys_pays_and_the_or
         order_line.contains(&rows[0].0),
         "the page shows the MySQL order id"
     );
+}
+
+/// Bits per sub-puzzle of the browser's challenge: the shipped recommendation
+/// (docs/gateway.md), so this run also shows the page copes with it in a debug stack.
+const BROWSER_CHALLENGE_BITS: u32 = 14;
+
+/// Creates and publishes an activity titled `title` (one item, 5 units at 49.00, one
+/// per user) whose buyers solve a challenge of `challenge_bits` per sub-puzzle; it opens
+/// `opens_in_ms` from now (negative: already open) and lasts an hour. Returns its id.
+async fn create_challenge_activity(
+    stack: &Stack,
+    title: &str,
+    opens_in_ms: i64,
+    challenge_bits: u32,
+) -> u64 {
+    let mut admin = stack.stockd.admin_client().await;
+    let now = seckill_lua::clock::now_ms();
+    let created = admin
+        .create_activity(seckill_proto::pb::CreateActivityRequest {
+            title: title.into(),
+            start_at_ms: now + opens_in_ms,
+            end_at_ms: now + 3_600_000,
+            shard_count: 2,
+            per_user_limit: 1,
+            items: vec![seckill_proto::pb::ItemSpec {
+                title: "phone".into(),
+                price_cents: 9800,
+                sale_price_cents: 4900,
+                stock: 5,
+            }],
+            challenge_bits,
+        })
+        .await
+        .expect("create")
+        .into_inner();
+    admin
+        .publish_activity(seckill_proto::pb::PublishActivityRequest {
+            activity_id: created.id,
+            publish_at_ms: 0,
+        })
+        .await
+        .expect("publish");
+    created.id
+}
+
+/// The challenge's progress indicator shows and ran to the end: all `sub_puzzles`.
+async fn assert_challenge_solved(d: &Driver, sub_puzzles: u32) {
+    assert!(d.displayed("#pow").await, "the progress shows");
+    assert_eq!(d.text("#pow-text").await, "Challenge solved.");
+    let (value, max) = d.pow_progress().await;
+    assert_eq!(
+        (value.clone(), max),
+        (json!(sub_puzzles), json!(sub_puzzles)),
+        "{value}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_in_headless_chromium_solves_the_challenge_in_a_worker_and_buys() {
+    init_tracing();
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let stack = Stack::start().await;
+    let gw = stack.gateway_unready(|_| {}).await;
+    wait_ready(&gw).await;
+    let created_id = create_challenge_activity(
+        &stack,
+        "test sale with a challenge",
+        -1000,
+        BROWSER_CHALLENGE_BITS,
+    )
+    .await;
+    gw.wait_activity(created_id).await;
+
+    let d = Driver::start(&chromedriver, &chromium).await;
+    d.sign_in(&gw, "with a challenge", "browser-pow").await;
+    assert!(d.wait_enabled("#buy", 10).await, "buy opens");
+    d.click("#buy").await;
+    let status = d
+        .wait_text("#status", 120, |t| {
+            t.contains("waiting for payment")
+                || t.contains("refused")
+                || t.contains("failed")
+                || t.contains("HTTP")
+        })
+        .await;
+    assert!(
+        status.contains("waiting for payment"),
+        "the order should be pending payment: {status:?}"
+    );
+    // The progress indicator ran to the end (the default `challenge.sub_puzzles`).
+    assert_challenge_solved(&d, 32).await;
+    // A screenshot as the test's artefact.
+    let png = d.get(&d.s("/screenshot")).await;
+    if let Some(b64) = png.as_str() {
+        use base64::Engine as _;
+        if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(b64) {
+            let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("challenge-browser.png");
+            let _ = std::fs::write(&path, bytes);
+            eprintln!("screenshot: {}", path.display());
+        }
+    }
+    d.quit().await;
+    // The token route refuses this activity without a solved puzzle: an order means the
+    // page's solution was accepted.
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT id FROM orders WHERE user_id = ? AND activity_id = ?")
+            .bind("browser-pow")
+            .bind(created_id)
+            .fetch_all(stack.db.pool())
+            .await
+            .expect("orders");
+    assert_eq!(rows.len(), 1, "one order for the browser's user: {rows:?}");
+}
+
+/// Pauses `gw`'s room of activity `a` (nobody is admitted until the test unpauses it)
+/// and has `ahead` other buyers join it through the API.
+async fn pause_room_with_buyers_in_it(gw: &GatewayHandle, a: u64, ahead: usize) {
+    gw.room_knobs(a, json!({"paused": true})).await;
+    wait_until_async("the room paused", Duration::from_secs(20), || async {
+        gw.room_admin_status(a).await["paused"] == true
+    })
+    .await;
+    let now = seckill_lua::clock::now_ms() as u64;
+    for i in 0..ahead {
+        let jwt = gw.jwt(&format!("ahead-{i}"), 3600, now);
+        assert_eq!(gw.room_join(&jwt, a, None).await.status, 200);
+    }
+}
+
+/// Screenshots of this suite go here (`target/test-artefacts/`).
+fn artefact(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-artefacts")
+        .join(name)
+}
+
+/// The waiting room in the page: a buyer who signs in before the opening is in the
+/// pre-queue with the countdown running; at the opening the page shows the drawn
+/// position live (SSE) with Buy greyed; once the room admits them, Buy opens and the
+/// purchase goes through. Screenshots: `room_prequeue.png`, `room_queue.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_in_headless_chromium_waits_in_the_queue_then_buys_once_admitted() {
+    init_tracing();
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let stack = Stack::start().await;
+    let gw = stack
+        .gateway_unready(|c| {
+            set(c, "room", "method", "fifo");
+            set(c, "room", "admit_per_sec", 5.0);
+            set(c, "room", "tick_ms", 100);
+        })
+        .await;
+    wait_ready(&gw).await;
+    let sale = create_published_activity(
+        &stack.stockd,
+        &[(5, 4900)],
+        2,
+        Duration::from_secs(12),
+        Duration::from_secs(3600),
+    )
+    .await;
+    let a = sale.id;
+    gw.wait_activity(a).await;
+    // Nobody is admitted until the test says so; three buyers join before the browser.
+    pause_room_with_buyers_in_it(&gw, a, 3).await;
+
+    let d = Driver::start(&chromedriver, &chromium).await;
+    d.sign_in(&gw, "test sale", "queue-bob").await;
+    d.wait_text("#room-position", 20, |t| t.contains("In line"))
+        .await;
+    assert!(d.displayed("#room").await);
+    assert!(
+        d.text("#countdown").await.contains(':'),
+        "the countdown runs"
+    );
+    assert!(!d.enabled("#buy").await);
+    d.screenshot(&artefact("room_prequeue.png")).await;
+
+    // The opening: the pre-queue is drawn, the page shows the place.
+    let pos = d
+        .wait_text("#room-position", 40, |t| t.contains("Position in queue"))
+        .await;
+    let n: u64 = pos.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((1..=4).contains(&n), "{pos}");
+    assert_eq!(d.text("#countdown").await, "OPEN");
+    assert!(!d.enabled("#buy").await, "buy stays greyed while queued");
+    d.screenshot(&artefact("room_queue.png")).await;
+
+    gw.room_knobs(a, json!({"paused": false})).await;
+    d.wait_text("#room-position", 40, |t| t.contains("Your turn"))
+        .await;
+    assert!(d.wait_enabled("#buy", 5).await, "buy opens once admitted");
+    d.click("#buy").await;
+    let status = d
+        .wait_text("#status", 30, |t| {
+            t.contains("waiting for payment") || t.contains("queue") || t.contains("HTTP")
+        })
+        .await;
+    assert!(status.contains("waiting for payment"), "{status:?}");
+    d.quit().await;
+    assert_eq!(stack.reservations_seen_by_stockd(), 1);
+}
+
+/// Bits per sub-puzzle of the fair-entry test: the default ceiling `challenge.max_bits`.
+const FAIR_ENTRY_CHALLENGE_BITS: u32 = 16;
+/// Sub-puzzles of the fair-entry test (`challenge.sub_puzzles`): 128 × 2^16 ≈ 8.4 M
+/// hashes, so that even a fast machine's solve lasts long enough to be caught
+/// part-way (the default 32 took about 0.5 s in headless Chromium on 2 shared cores).
+const FAIR_ENTRY_SUB_PUZZLES: u32 = 128;
+
+/// The whole fair entry in one page: the activity asks a challenge AND its room queues
+/// (fifo). A buyer who signs in before the opening is in the pre-queue with the
+/// countdown running; at the opening the page shows the drawn position, Buy greyed and
+/// no puzzle (the room comes before the challenge); once the room admits them, Buy
+/// solves the challenge in Web Workers (the progress bar caught part-way), gets the
+/// purchase token with the admission and the solution, and reserves: one order in
+/// MySQL, one reservation at stockd. Screenshots: `fair_entry_prequeue.png`,
+/// `fair_entry_queue.png`, `fair_entry_solving.png`, `fair_entry_bought.png`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buyer_in_headless_chromium_queues_then_solves_the_challenge_then_buys() {
+    init_tracing();
+    let Some((chromium, chromedriver)) = browser() else {
+        return;
+    };
+    let stack = Stack::start().await;
+    let gw = stack
+        .gateway_unready(|c| {
+            set(c, "room", "method", "fifo");
+            set(c, "room", "admit_per_sec", 5.0);
+            set(c, "room", "tick_ms", 100);
+            set(c, "challenge", "sub_puzzles", FAIR_ENTRY_SUB_PUZZLES as i64);
+        })
+        .await;
+    wait_ready(&gw).await;
+    let a = create_challenge_activity(&stack, "fair entry sale", 12_000, FAIR_ENTRY_CHALLENGE_BITS)
+        .await;
+    gw.wait_activity(a).await;
+    pause_room_with_buyers_in_it(&gw, a, 2).await;
+
+    let d = Driver::start(&chromedriver, &chromium).await;
+    // Tall enough for the room and the challenge's progress in one screenshot.
+    d.window_size(800, 1000).await;
+    d.sign_in(&gw, "fair entry sale", "fair-carol").await;
+    d.wait_text("#room-position", 20, |t| t.contains("In line"))
+        .await;
+    assert!(
+        d.text("#countdown").await.contains(':'),
+        "the countdown runs"
+    );
+    assert!(!d.enabled("#buy").await);
+    d.screenshot(&artefact("fair_entry_prequeue.png")).await;
+
+    // The opening: the place is drawn and shown; still no way to buy, no puzzle.
+    let pos = d
+        .wait_text("#room-position", 40, |t| t.contains("Position in queue"))
+        .await;
+    let n: u64 = pos.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((1..=3).contains(&n), "{pos}");
+    assert_eq!(d.text("#countdown").await, "OPEN");
+    assert!(!d.enabled("#buy").await, "buy stays greyed while queued");
+    assert!(!d.displayed("#pow").await, "no puzzle before admission");
+    d.screenshot(&artefact("fair_entry_queue.png")).await;
+
+    gw.room_knobs(a, json!({"paused": false})).await;
+    d.wait_text("#room-position", 40, |t| t.contains("Your turn"))
+        .await;
+    assert!(d.wait_enabled("#buy", 5).await, "buy opens once admitted");
+    d.click("#buy").await;
+
+    // The workers at work: the progress text reads "… N %" (WebDriver gives no text for
+    // a hidden element, so this also says the indicator is on screen).
+    let mut solving = None;
+    for _ in 0..1200 {
+        let t = d.text("#pow-text").await;
+        if t.starts_with("Checking you are not a bot") {
+            d.screenshot(&artefact("fair_entry_solving.png")).await;
+            solving = Some(t);
+            break;
+        }
+        if t == "Challenge solved." {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let solving = solving.expect("the challenge was never seen being solved");
+    let percent: u32 = solving
+        .trim_end_matches(" %")
+        .rsplit(' ')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no percentage in {solving:?}"));
+    assert!(percent < 100, "caught part-way: {solving:?}");
+
+    let status = d
+        .wait_text("#status", 120, |t| {
+            t.contains("waiting for payment")
+                || t.contains("refused")
+                || t.contains("failed")
+                || t.contains("queue")
+                || t.contains("HTTP")
+        })
+        .await;
+    assert!(
+        status.contains("waiting for payment"),
+        "the order should be pending payment: {status:?}"
+    );
+    assert_challenge_solved(&d, FAIR_ENTRY_SUB_PUZZLES).await;
+    let order_line = d.text("#order").await;
+    d.screenshot(&artefact("fair_entry_bought.png")).await;
+    d.quit().await;
+
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, status FROM orders WHERE user_id = ? AND activity_id = ?")
+            .bind("fair-carol")
+            .bind(a)
+            .fetch_all(stack.db.pool())
+            .await
+            .expect("orders");
+    assert_eq!(rows.len(), 1, "one order for the browser's user: {rows:?}");
+    assert_eq!(rows[0].1, "PENDING", "the order waits for payment");
+    assert!(
+        order_line.contains(&rows[0].0),
+        "the page shows the MySQL order id: {order_line:?}"
+    );
+    assert_eq!(stack.reservations_seen_by_stockd(), 1);
 }

@@ -185,6 +185,7 @@ async fn the_ghz_configs_are_valid_json_and_their_calls_exist_in_the_servers_ref
             item_id: d["item_id"].as_u64().unwrap(),
             user_id: d["user_id"].as_str().unwrap().to_owned(),
             request_id: d["request_id"].as_str().unwrap().to_owned(),
+            ..Default::default()
         };
         users.push(req.user_id.clone());
         let r = stock

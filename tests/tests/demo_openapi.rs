@@ -569,6 +569,9 @@ async fn real_answers_of_the_gateway_validate_against_the_openapi_document() {
     let res_path = format!("/api/v1/activities/{a}/items/{roomy}/reserve");
     let r = p.call(Method::POST, &tok_path, None, None).await;
     p.expect(&r, 401, Some("unauthenticated"), "token without a JWT");
+    let ch_path = format!("/api/v1/activities/{a}/items/{roomy}/challenge");
+    let r = p.call(Method::POST, &ch_path, Some(&alice), None).await;
+    p.expect(&r, 200, None, "no challenge asked");
     let r = p.call(Method::POST, &tok_path, Some(&alice), None).await;
     p.expect(&r, 200, None, "purchase token");
     let pt = r.body["purchase_token"]
@@ -832,6 +835,7 @@ fn the_openapi_document_is_complete_for_the_documented_routes() {
     for (m, p) in [
         ("get", "/api/v1/activities"),
         ("get", "/api/v1/activities/{a}"),
+        ("post", "/api/v1/activities/{a}/items/{s}/challenge"),
         ("post", "/api/v1/activities/{a}/items/{s}/token"),
         ("post", "/api/v1/activities/{a}/items/{s}/reserve"),
         ("get", "/api/v1/orders"),
@@ -841,6 +845,10 @@ fn the_openapi_document_is_complete_for_the_documented_routes() {
         ("post", "/api/v1/orders/{id}/cancel"),
         ("post", "/api/v1/payments/callback"),
         ("post", "/api/v1/dev/token"),
+        ("get", "/api/v1/activities/{a}/room"),
+        ("post", "/api/v1/activities/{a}/room/join"),
+        ("post", "/api/v1/activities/{a}/room/heartbeat"),
+        ("get", "/api/v1/activities/{a}/room/events"),
         ("get", "/"),
         ("get", "/api/openapi.json"),
     ] {

@@ -65,6 +65,21 @@ fn validate(path: &Path) -> Result<&'static str, String> {
                 Err(String::from_utf8_lossy(&out.stderr).into_owned())
             }
         }
+        // The bench helpers in Python: compiled (syntax) without running them, nothing
+        // written beside them.
+        (_, "py") => {
+            let code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')";
+            let out = Command::new("python3")
+                .args(["-c", code])
+                .arg(path)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if out.status.success() {
+                Ok("Python script")
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        }
         // systemd units: `systemd-analyze verify` (deeper checks: deploy_systemd.rs).
         (_, "service") => systemd_verify(path).map(|_| "systemd unit"),
         // Prometheus alert rules and their unit tests (promtool, Debian package

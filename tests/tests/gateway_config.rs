@@ -59,11 +59,34 @@ fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
         ),
         (shipped.replace("threads = 1", "threadz = 1"), "server"),
         (
+            shipped.replace("fleet_size = 1", "fleet_size = 0"),
+            "limits.fleet_size",
+        ),
+        (
+            shipped.replace("sync_ms = 100", "sync_ms = 1"),
+            "limits.sync_ms",
+        ),
+        (
+            shipped.replace("lease_slice = 8", "lease_slice = 0"),
+            "admission.lease_slice",
+        ),
+        (
             shipped.replace(
                 "stockd = \"http://127.0.0.1:50051\"",
                 "stockd = \"127.0.0.1\"",
             ),
             "upstreams.stockd",
+        ),
+        (
+            shipped.replace("sub_puzzles = 32", "sub_puzzles = 0"),
+            "challenge.sub_puzzles",
+        ),
+        (
+            shipped.replace(
+                "secret = \"local-dev-challenge-key-0123456789\"",
+                "secret_file = \"/nonexistent/challenge.key\"",
+            ),
+            "challenge.keys[0]",
         ),
     ] {
         let path = dir.path().join("gateway.toml");

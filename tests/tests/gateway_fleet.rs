@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use seckill_proto::pb;
-use seckill_tests::gateway::{set, spawn_gateway, url_list, EdgeDeps, GatewayHandle};
+use seckill_tests::gateway::{metric_value, set, spawn_gateway, url_list, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd_process;
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{create_published_activity_with, spawn_stockd_process};
@@ -36,20 +36,13 @@ struct Answered {
 }
 
 /// The value of `name{labels}` in Prometheus text (labels in the encoder's sorted order).
-fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let prefix = format!("{name}{{{labels}}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 fn healthy_labels(service: &str, addr: &str) -> String {
     format!(r#"endpoint="http://{addr}",service="{service}""#)
 }
 
 async fn failovers(gw: &GatewayHandle, service: &str) -> f64 {
     let labels = format!(r#"service="{service}""#);
-    metric(
+    metric_value(
         &gw.metrics().await,
         "gateway_upstream_failovers_total",
         &labels,
@@ -66,7 +59,7 @@ async fn wait_gauge(gw: &GatewayHandle, service: &str, addr: &str, want: f64) {
         || {
             let labels = labels.clone();
             async move {
-                metric(&gw.metrics().await, "gateway_upstream_healthy", &labels) == Some(want)
+                metric_value(&gw.metrics().await, "gateway_upstream_healthy", &labels) == Some(want)
             }
         },
     )

@@ -73,6 +73,7 @@ async fn stockd_lets_each_caller_do_what_its_scopes_allow_and_nothing_more() {
             item_id: item,
             user_id: "alice".into(),
             request_id: "r1".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -112,6 +113,7 @@ async fn stockd_lets_each_caller_do_what_its_scopes_allow_and_nothing_more() {
             item_id: item,
             user_id: "bob".into(),
             request_id: "r2".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

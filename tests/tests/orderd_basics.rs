@@ -99,6 +99,18 @@ fn the_shipped_config_validates_and_a_bad_one_fails_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("consumer.batch_size"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let text = std::fs::read_to_string(root.join("deploy/local/orderd.toml"))
+        .unwrap()
+        .replace("clean_sweep_ms = 50", "clean_sweep_ms = 0");
+    std::fs::write(&bad, text).unwrap();
+    let out = std::process::Command::new(workspace_bin("orderd"))
+        .args(["-t", "-c"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("consumer.clean_sweep_ms"), "{err}");
     // An unknown key names itself.
     std::fs::write(&bad, "[grpc]\nservice_token = \"t\"\nlisten_on = \"x\"\n").unwrap();
     let out = std::process::Command::new(workspace_bin("orderd"))

@@ -39,6 +39,7 @@ fn good_request() -> pb::CreateActivityRequest {
         shard_count: 4,
         per_user_limit: 1,
         items: vec![spec(10)],
+        challenge_bits: 0,
     }
 }
 
@@ -225,7 +226,8 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_changes_nothing() {
             "items[0].sale_price_cents",
             Box::new(|r| r.items[0].sale_price_cents = 0),
         ),
-        ("per_user_limit", Box::new(|r| r.per_user_limit = 2)),
+        ("per_user_limit", Box::new(|r| r.per_user_limit = 101)),
+        ("challenge_bits", Box::new(|r| r.challenge_bits = 25)),
     ];
     for (field, edit) in cases {
         let mut req = good_request();

@@ -64,6 +64,7 @@ async fn an_activity_is_created_published_and_sells_one_unit() {
             item_id: item,
             user_id: "alice".into(),
             request_id: "r1".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

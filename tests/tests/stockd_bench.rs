@@ -298,6 +298,7 @@ async fn grpc_case(
                             item_id: os,
                             user_id,
                             request_id: "r".into(),
+                            ..Default::default()
                         })
                         .await;
                     matches!(r, Ok(r) if r.get_ref().outcome() == pb::ReserveOutcome::Reserved)

@@ -33,6 +33,7 @@ async fn reserve(
         item_id: s,
         user_id: user.into(),
         request_id: req.into(),
+        ..Default::default()
     })
     .await
     .map(|r| r.into_inner())
@@ -294,14 +295,15 @@ async fn selling_out_sets_the_flag_and_a_release_clears_it_with_messages() {
 }
 
 /// One reserve call as stockd sends it when reservations queue behind an in-flight
-/// call: a flat answer of (outcome, reservation id, units left) per reservation.
+/// call: a flat answer of (outcome, reservation id, units left, units held) per
+/// reservation (the last is not read here).
 async fn reserve_call(redis: &Client, call: ReserveCall) -> Vec<(String, String, i64)> {
     let v: Value = redis
         .eval(scripts::RESERVE.body, call.keys, call.args)
         .await
         .expect("reserve script");
     v.into_array()
-        .chunks_exact(3)
+        .chunks_exact(seckill_lua::calls::RESERVE_FIELDS)
         .map(|f| {
             (
                 f[0].as_string().unwrap_or_default(),

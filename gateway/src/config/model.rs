@@ -33,6 +33,11 @@ pub struct Config {
     pub protection: Protection,
     #[serde(default)]
     pub dev: Dev,
+    #[serde(default)]
+    pub challenge: Challenge,
+    /// `[room]`: the waiting room (`fair/room/config.rs`).
+    #[serde(default)]
+    pub room: crate::fair::room::RoomConfig,
 }
 
 /// `[admin]`: the loopback admin listener (`/metrics`, `/healthz`, `/readyz`). The same
@@ -354,6 +359,19 @@ pub struct Limits {
     pub max_tracked: usize,
     /// Seconds after which an idle bucket is evicted by the sweeper. Default 60.
     pub idle_evict_secs: u64,
+    /// Share the per-user and per-route buckets and the admission cap with the other
+    /// gateways through Redis, so that they hold for the fleet together rather than
+    /// once per gateway (docs/gateway.md, "Budgets shared by the fleet"). Requests
+    /// still decide on local state only; a background task reconciles every
+    /// `sync_ms`. Default false (each gateway enforces the numbers on its own).
+    pub fleet: bool,
+    /// Gateways in the fleet (>= 1). While Redis cannot be reached, each gateway falls
+    /// back to rate / `fleet_size` and burst / `fleet_size` (and the admission cap /
+    /// `fleet_size`). Default 1.
+    pub fleet_size: u32,
+    /// Milliseconds between two reconciliations with Redis (10..=10000): the bound of
+    /// the fleet's overshoot is about `fleet_size` × rate × `sync_ms`. Default 100.
+    pub sync_ms: u64,
 }
 
 impl Default for Limits {
@@ -370,6 +388,9 @@ impl Default for Limits {
             routes: BTreeMap::new(),
             max_tracked: 1_000_000,
             idle_evict_secs: 60,
+            fleet: false,
+            fleet_size: 1,
+            sync_ms: 100,
         }
     }
 }
@@ -421,6 +442,10 @@ pub struct Admission {
     /// Floor of the cap, so that an item with a few units left still admits a few
     /// requests. Default 4.
     pub min_in_flight: u32,
+    /// With `limits.fleet`: slots a gateway asks for beyond its calls in flight at each
+    /// lease (1..=100000); an idle gateway keeps at most min(`lease_slice`, cap /
+    /// `limits.fleet_size`). Default 8.
+    pub lease_slice: u32,
 }
 
 impl Default for Admission {
@@ -428,6 +453,7 @@ impl Default for Admission {
         Self {
             k: 2.0,
             min_in_flight: 4,
+            lease_slice: 8,
         }
     }
 }
@@ -457,6 +483,110 @@ impl Default for Protection {
             max_body_bytes: 4096,
             request_read_ms: 5000,
         }
+    }
+}
+
+/// `[challenge]`: the proof-of-work puzzle before a purchase token (`fair/challenge.rs`,
+/// docs/gateway.md "Proof-of-work challenge"). Read at start and on SIGHUP.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Challenge {
+    /// Master switch: false turns the challenge off for every activity, whatever its
+    /// `challenge_bits`. Default true.
+    pub enabled: bool,
+    /// Leading zero bits per sub-puzzle for EVERY activity instead of its own
+    /// `challenge_bits` (0 turns it off everywhere); unset: each activity decides.
+    /// 0..=`max_bits`. Default unset.
+    pub bits_override: Option<u32>,
+    /// Bits for an activity whose Redis meta hash has no `challenge_bits` field
+    /// (published before the field existed). Default 0 (off).
+    pub default_bits: u32,
+    /// Sub-puzzles per puzzle (1..=256): many small ones make the solve time vary
+    /// little. Expected work: `sub_puzzles × 2^bits` SHA-256 hashes. Default 32.
+    pub sub_puzzles: u32,
+    /// Lifetime of a puzzle, seconds (10..=3600): issue to redeem. Default 120.
+    pub ttl_secs: u64,
+    /// Ceiling of the live raises (failures per IP, the activity hook), in bits per
+    /// sub-puzzle (1..=24); an activity set higher keeps its own setting, never more.
+    /// Default 16 (32 × 2^16 ≈ 2.1 M hashes: a few seconds on a mid-range phone).
+    pub max_bits: u32,
+    /// Refused redeems (tampered, unsolved, wrong user or item, missing) from one IP
+    /// within `failure_window_secs` that add one bit to that IP's puzzles; 0 disables
+    /// the raise. Default 5.
+    pub raise_after_failures: u32,
+    /// The window of `raise_after_failures`, seconds (>= 1). Default 60.
+    pub failure_window_secs: u64,
+    /// The waiting room's queue raises its activity's puzzles: one bit more once
+    /// `queued_per_bit` buyers queue, two at 3×, three at 7× (a bit per doubling),
+    /// still bounded by `max_bits`; 0 disables it. Default 0.
+    pub queued_per_bit: u64,
+    /// Signing keys, `{ id, secret }` or `{ id, secret_file }`: the first signs, every
+    /// one verifies (rotation: put the new key first, drop the old one a `ttl_secs`
+    /// later). Every gateway of a fleet must list the same keys. Empty: a random key
+    /// per process (a single gateway only; a warning is logged). Default empty.
+    pub keys: Vec<ChallengeKey>,
+}
+
+impl Default for Challenge {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bits_override: None,
+            default_bits: 0,
+            sub_puzzles: 32,
+            ttl_secs: 120,
+            max_bits: 16,
+            raise_after_failures: 5,
+            failure_window_secs: 60,
+            queued_per_bit: 0,
+            keys: Vec::new(),
+        }
+    }
+}
+
+/// One key of `challenge.keys`.
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChallengeKey {
+    /// Key id written into each puzzle: 1..=32 of `A-Z a-z 0-9 _ -`, unique. Required.
+    pub id: String,
+    /// HMAC-SHA256 secret, at least 16 bytes. Never logged. Give this or `secret_file`.
+    #[serde(default)]
+    pub secret: String,
+    /// A file holding the secret (trailing newline ignored), at least 16 bytes; read
+    /// at start and on SIGHUP. Give this or `secret`.
+    #[serde(default)]
+    pub secret_file: String,
+}
+
+impl ChallengeKey {
+    /// The secret, from `secret` or `secret_file`.
+    pub fn secret_bytes(&self) -> Result<Vec<u8>, String> {
+        let bytes = match (self.secret.is_empty(), self.secret_file.is_empty()) {
+            (false, true) => self.secret.as_bytes().to_vec(),
+            (true, false) => {
+                let mut b = std::fs::read(&self.secret_file)
+                    .map_err(|e| format!("secret_file `{}`: {e}", self.secret_file))?;
+                while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                    b.pop();
+                }
+                b
+            }
+            _ => return Err("give exactly one of secret and secret_file".into()),
+        };
+        if bytes.len() < 16 {
+            return Err("the secret must be at least 16 bytes".into());
+        }
+        Ok(bytes)
+    }
+}
+
+impl std::fmt::Debug for ChallengeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChallengeKey")
+            .field("id", &self.id)
+            .field("secret_file", &self.secret_file)
+            .finish_non_exhaustive()
     }
 }
 

@@ -114,6 +114,42 @@ fn check_addr(a: &str, field: &str) -> Result<(), FieldError> {
     )
 }
 
+fn check_challenge(c: &Challenge) -> Result<(), FieldError> {
+    ensure_range(c.sub_puzzles, 1..=256, "challenge.sub_puzzles")?;
+    ensure_range(c.ttl_secs, 10..=3600, "challenge.ttl_secs")?;
+    ensure_range(c.max_bits, 1..=24, "challenge.max_bits")?;
+    ensure_range(c.default_bits, 0..=24, "challenge.default_bits")?;
+    if let Some(b) = c.bits_override {
+        ensure_range(b, 0..=c.max_bits, "challenge.bits_override")?;
+    }
+    ensure(
+        c.failure_window_secs >= 1,
+        "challenge.failure_window_secs",
+        "must be at least 1",
+    )?;
+    for (i, k) in c.keys.iter().enumerate() {
+        let field = format!("challenge.keys[{i}]");
+        ensure(
+            (1..=32).contains(&k.id.len())
+                && k.id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+            &format!("{field}.id"),
+            "1..=32 characters of A-Z a-z 0-9 _ -",
+        )?;
+        if let Some(j) = c.keys[..i].iter().position(|o| o.id == k.id) {
+            return Err(FieldError::new(
+                format!("{field}.id"),
+                format!("`{}` is already challenge.keys[{j}].id", k.id),
+            ));
+        }
+        if let Err(e) = k.secret_bytes() {
+            return Err(FieldError::new(field, e));
+        }
+    }
+    Ok(())
+}
+
 impl Validate for Config {
     const RENAMED: &'static [(&'static str, &'static str)] = &[
         ("server.admin_listen", "admin.listen"),
@@ -249,6 +285,8 @@ impl Validate for Config {
             "limits.idle_evict_secs",
             "must be at least 1",
         )?;
+        ensure_range(l.fleet_size, 1..=1024, "limits.fleet_size")?;
+        ensure_range(l.sync_ms, 10..=10_000, "limits.sync_ms")?;
 
         let b = &self.bans;
         check_cidrs(&b.deny, "bans.deny")?;
@@ -272,6 +310,11 @@ impl Validate for Config {
             "admission.k",
             "must be a positive number",
         )?;
+        ensure_range(
+            self.admission.lease_slice,
+            1..=100_000,
+            "admission.lease_slice",
+        )?;
 
         let p = &self.protection;
         ensure_range(p.max_header_count, 1..=256, "protection.max_header_count")?;
@@ -291,6 +334,8 @@ impl Validate for Config {
             "must be at least 10",
         )?;
 
+        check_challenge(&self.challenge)?;
+
         if self.dev.enabled {
             ensure(
                 jwt.can_issue(),
@@ -303,6 +348,7 @@ impl Validate for Config {
                 "must be at least 1",
             )?;
         }
+        self.room.validate()?;
         Ok(())
     }
 }
@@ -315,6 +361,41 @@ mod tests {
 
     fn load(text: &str) -> Result<Config, seckill_daemon::config::ConfigError> {
         seckill_daemon::config::load_str(text, "g.toml", ENV_PREFIX, Vec::new())
+    }
+
+    #[test]
+    fn challenge_keys_and_ranges_are_checked_naming_the_field() {
+        let with = |extra: &str| load(&format!("{MINIMAL}[challenge]\n{extra}\n"));
+        assert!(with("keys = [{ id = \"k1\", secret = \"0123456789abcdef\" }]").is_ok());
+        for (extra, field) in [
+            ("sub_puzzles = 0", "challenge.sub_puzzles"),
+            ("max_bits = 30", "challenge.max_bits"),
+            ("bits_override = 17", "challenge.bits_override"),
+            ("ttl_secs = 1", "challenge.ttl_secs"),
+            ("keys = [{ id = \"a.b\", secret = \"0123456789abcdef\" }]", "challenge.keys[0].id"),
+            ("keys = [{ id = \"k\", secret = \"short\" }]", "challenge.keys[0]"),
+            ("keys = [{ id = \"k\" }]", "challenge.keys[0]"),
+            ("keys = [{ id = \"k\", secret_file = \"/nonexistent/pow\" }]", "challenge.keys[0]"),
+            (
+                "keys = [{ id = \"k\", secret = \"0123456789abcdef\" }, { id = \"k\", secret = \"0123456789abcdef\" }]",
+                "challenge.keys[1].id",
+            ),
+        ] {
+            let e = with(extra).unwrap_err().to_string();
+            assert!(e.contains(field), "{extra}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pow.key");
+        std::fs::write(&f, "0123456789abcdef0123\n").unwrap();
+        let c = with(&format!(
+            "keys = [{{ id = \"k\", secret_file = \"{}\" }}]",
+            f.display()
+        ))
+        .unwrap();
+        assert_eq!(
+            c.challenge.keys[0].secret_bytes().unwrap(),
+            b"0123456789abcdef0123"
+        );
     }
 
     #[test]
@@ -334,6 +415,26 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("g.toml: bans.deny[1]:"), "{e}");
+    }
+
+    #[test]
+    fn fleet_fields_are_validated_and_named() {
+        let c = load(&format!(
+            "{MINIMAL}[limits]\nfleet = true\nfleet_size = 3\nsync_ms = 50\n"
+        ))
+        .unwrap();
+        assert!(c.limits.fleet);
+        assert_eq!((c.limits.fleet_size, c.limits.sync_ms), (3, 50));
+        assert_eq!(c.admission.lease_slice, 8);
+        for (extra, field) in [
+            ("[limits]\nfleet_size = 0\n", "limits.fleet_size"),
+            ("[limits]\nsync_ms = 5\n", "limits.sync_ms"),
+            ("[limits]\nsync_ms = 20000\n", "limits.sync_ms"),
+            ("[admission]\nlease_slice = 0\n", "admission.lease_slice"),
+        ] {
+            let e = load(&format!("{MINIMAL}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 
     #[test]

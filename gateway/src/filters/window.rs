@@ -1,4 +1,4 @@
-//! The sale window, after authentication: token and reserve routes need a known
+//! The sale window, after authentication: challenge, token and reserve routes need a known
 //! activity and item, inside the window, not sold out (but to the authenticated user
 //! who holds a unit: their resend gets their reservation back); the item found is
 //! kept in the context for the admission cap.
@@ -17,7 +17,7 @@ impl Filter for Window {
 
     fn check(&self, cx: &mut Cx<'_>) -> Flow {
         let (a, s) = match cx.route {
-            Route::Token(a, s) | Route::Reserve(a, s) => (*a, *s),
+            Route::Token(a, s) | Route::Challenge(a, s) | Route::Reserve(a, s) => (*a, *s),
             _ => return Flow::Go,
         };
         let Some(act) = cx.shared.catalog.get(a) else {

@@ -5,7 +5,6 @@ use bytes::Bytes;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
-use crate::answer::Outcome;
 use crate::forward::{self, Clients};
 use crate::proxy::{Ctx, Gateway, Req};
 
@@ -43,13 +42,7 @@ impl Gateway {
             Ok(s) => s,
             Err(st) => return self.upstream_failed(session, ctx, clients, &st).await,
         };
-        let mut h = pingora::http::ResponseHeader::build(200, Some(4))?;
-        h.insert_header("content-type", "text/event-stream")?;
-        h.insert_header("cache-control", "no-cache")?;
-        h.insert_header("x-accel-buffering", "no")?;
-        session.set_keepalive(None);
-        session.write_response_header(Box::new(h), false).await?;
-        ctx.outcome = Outcome::Ok;
+        self.open_event_stream(session, ctx).await?;
         loop {
             let next =
                 tokio::time::timeout(std::time::Duration::from_secs(15), stream.message()).await;

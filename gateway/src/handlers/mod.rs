@@ -3,6 +3,7 @@
 //! [`crate::filters::AUTHENTICATED`] filters have let the request through.
 //!
 //! - [`activities`]: activity list and one activity, from memory.
+//! - [`challenge`]: the proof-of-work puzzle, and its redeem before a purchase token.
 //! - [`reserve`]: purchase token and reservation (the [`crate::filters::AFTER_BODY`]
 //!   filters, then `StockService.Reserve`).
 //! - [`orders`]: list, get, pay, cancel (`OrderService`).
@@ -16,6 +17,7 @@
 //! the handlers as methods and imports nothing from here.
 
 mod activities;
+mod challenge;
 mod dev;
 mod events;
 mod orders;

@@ -1,7 +1,9 @@
-//! `POST .../items/{s}/token` (a purchase token for the authenticated user) and
+//! `POST .../items/{s}/token` (a purchase token for the authenticated user, after the
+//! proof-of-work redeem when the activity asks one: `handlers/challenge.rs`) and
 //! `POST .../items/{s}/reserve`: the body, the [`AFTER_BODY`] filters, then one
 //! `StockService.Reserve` call; the answer mapped to 202/409/410/425/404/503.
 
+use crate::fair::room::Gate;
 use pingora::prelude::*;
 use pingora::proxy::Session;
 
@@ -11,6 +13,9 @@ use crate::forward::Reserve;
 use crate::proxy::{Ctx, Gateway, Req};
 use crate::purchase_token::request_id_from_token;
 use serde_json::{json, Value};
+
+/// Largest `quantity` a reserve body may name (stockd's largest `per_user_limit`).
+const MAX_QUANTITY: u64 = 100;
 
 impl Gateway {
     /// A purchase token for `(a, s)`.
@@ -22,8 +27,20 @@ impl Gateway {
         (a, s): (u64, u64),
     ) -> Result<bool> {
         let shared = &*self.shared;
-        let user = req.user;
+        let user = req.user.clone();
         let uid = user.as_deref().unwrap_or_default();
+        // The waiting room first: an admission token while the room queues (sold-out
+        // and window answers came before, in the `window` filter), so a buyer who is
+        // not admitted never spends a solved puzzle.
+        let headers = &session.req_header().headers;
+        if let Gate::Refused(r) = shared.room.gate(a, uid, headers, req.now_unix_ms) {
+            return self.refuse(session, ctx, r).await;
+        }
+        // The proof-of-work challenge, when the activity asks one: a solved, unspent
+        // puzzle for this user and item (spent now, once across the fleet), or a 4xx.
+        if let Err(r) = self.redeem_challenge(session, ctx, &req, (a, s)).await? {
+            return self.refuse(session, ctx, r).await;
+        }
         let (token, exp) = shared.tokens.issue(uid, a, s, req.now_unix_ms);
         self.ok(
             session,
@@ -66,6 +83,22 @@ impl Gateway {
                     .await;
             }
         };
+        // 1..=100 units (the activity's own per_user_limit is stockd's to check: it
+        // answers INVALID_ARGUMENT naming `quantity`, a 400 here); absent or null is 1.
+        let quantity = match body.get("quantity") {
+            None | Some(Value::Null) => 1,
+            Some(Value::Number(n))
+                if n.as_u64().is_some_and(|q| (1..=MAX_QUANTITY).contains(&q)) =>
+            {
+                n.as_u64().unwrap_or(1) as u32
+            }
+            Some(_) => {
+                let why = "quantity: a whole number of units, 1..=100 and at most the item's per-user limit";
+                return self
+                    .refuse(session, ctx, Refusal::BadRequest(why.into()))
+                    .await;
+            }
+        };
         let flow;
         let admitted;
         {
@@ -93,17 +126,20 @@ impl Gateway {
         let clients = self.clients().await?;
         let uid = user.as_deref().unwrap_or_default();
         let trace = ctx.trace.as_ref().map(|t| t.as_str());
-        let result = clients.reserve(a, s, uid, &request_id, trace).await;
+        let result = clients
+            .reserve((a, s), uid, &request_id, quantity, trace)
+            .await;
         drop(admitted);
         let trace_id = ctx.trace.as_ref().map_or("", |t| t.trace_id()).to_string();
         // From here every answer carries the trace id, the hot kinds too.
         let refusal = match result {
-            Ok((Reserve::Reserved(rid), _)) => {
+            Ok((Reserve::Reserved(rid, quantity), _)) => {
                 let body = json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED",
-                    "trace_id": trace_id});
+                    "quantity": quantity, "trace_id": trace_id});
                 return self.ok(session, ctx, 202, &body).await;
             }
-            Ok((Reserve::Duplicate(rid), _)) => Refusal::Duplicate(rid),
+            Ok((Reserve::Duplicate(rid, _), _)) => Refusal::Duplicate(rid),
+            Ok((Reserve::NotEnough(remaining), _)) => Refusal::NotEnough { remaining },
             Ok((Reserve::SoldOut, _)) => {
                 shared.catalog.report_sold_out(a, s, true);
                 Refusal::SoldOut

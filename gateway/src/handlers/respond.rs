@@ -79,6 +79,23 @@ impl Gateway {
         Ok(true)
     }
 
+    /// Starts a Server-Sent Events answer: 200 `text/event-stream`, unbuffered, the
+    /// connection not kept alive after it; the caller writes the events.
+    pub(crate) async fn open_event_stream(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let mut h = pingora::http::ResponseHeader::build(200, Some(4))?;
+        h.insert_header("content-type", "text/event-stream")?;
+        h.insert_header("cache-control", "no-cache")?;
+        h.insert_header("x-accel-buffering", "no")?;
+        session.set_keepalive(None);
+        session.write_response_header(Box::new(h), false).await?;
+        ctx.outcome = Outcome::Ok;
+        Ok(())
+    }
+
     /// Reads a JSON body under the size limit, within `request_read_ms` (on HTTP/1.1 the
     /// connection's read deadline is the tighter bound; on HTTP/2 this one is the bound,
     /// see `deadline.rs`).

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{Histogram, IntCounter, IntGauge};
 use tonic::Code;
 
 use crate::config::{Upstreams, MAX_ENDPOINTS};
@@ -80,6 +80,8 @@ pub struct Fleet {
     endpoints: Box<[Endpoint]>,
     next: AtomicUsize,
     failovers: IntCounter,
+    /// Whole-call latency as the edge sees it (queueing in the channel included).
+    latency: Histogram,
 }
 
 /// stockd's and orderd's fleets, shared by the clients of every runtime, the health
@@ -121,6 +123,7 @@ impl Fleet {
             endpoints,
             next: AtomicUsize::new(0),
             failovers: metrics.upstream_failovers(service),
+            latency: metrics.upstream_seconds(service),
         }
     }
 
@@ -198,7 +201,9 @@ impl Fleet {
         F: FnMut(C, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let end = tokio::time::Instant::now() + deadline;
+        let started = tokio::time::Instant::now();
+        let _observe = ObserveOnDrop(&self.latency, started);
+        let end = started + deadline;
         let mut last = None;
         for i in self.attempts() {
             let left = end.saturating_duration_since(tokio::time::Instant::now());
@@ -226,6 +231,16 @@ impl Fleet {
             }
         }
         Err(last.unwrap_or_else(|| tonic::Status::deadline_exceeded("upstream deadline")))
+    }
+}
+
+/// Observes the time since its start when dropped: every way out of a call (answer,
+/// failure, deadline, the caller going away) is counted.
+struct ObserveOnDrop<'a>(&'a Histogram, tokio::time::Instant);
+
+impl Drop for ObserveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.observe(self.1.elapsed().as_secs_f64());
     }
 }
 
@@ -349,16 +364,28 @@ mod tests {
         assert_eq!(r.unwrap_err().code(), Code::InvalidArgument);
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         assert!(f.is_healthy(1));
+        // Both calls, the failed-over one and the refused one, are timed once each.
+        assert!(m
+            .text()
+            .unwrap()
+            .contains(r#"gateway_upstream_call_seconds_count{service="stockd"} 2"#));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_hung_endpoint_costs_the_deadline_and_no_more() {
-        let (f, _m) = fleet(2);
+        let (f, m) = fleet(2);
         let r: Result<(), _> = f
             .call(&[0, 1], Duration::from_millis(300), |_, _| {
                 std::future::pending::<Result<tonic::Response<()>, tonic::Status>>()
             })
             .await;
         assert_eq!(r.unwrap_err().code(), Code::DeadlineExceeded);
+        // A call cut by the deadline is timed too, at the deadline.
+        let text = m.text().unwrap();
+        assert!(
+            text.contains(r#"gateway_upstream_call_seconds_count{service="stockd"} 1"#)
+                && text.contains(r#"gateway_upstream_call_seconds_sum{service="stockd"} 0.3"#),
+            "{text}"
+        );
     }
 }

@@ -96,7 +96,7 @@ impl Db {
         let existing = existing_orders(&mut tx, batch).await?;
         let holders = active_holders(&mut tx, batch, &item_ids).await?;
         let (mut out, wanted) = classify(batch, &items, &existing, holders);
-        let Some(mut takes) = allot_units(&mut out, &wanted, &items, lock_first) else {
+        let Some(mut takes) = allot_units(&mut out, batch, &wanted, &items, lock_first) else {
             return Ok(None);
         };
         takes.sort_unstable();
@@ -275,30 +275,36 @@ fn classify(
     (out, wanted)
 }
 
-/// Step 5: units per item. Locked: exactly what MySQL has, the rest fail. Optimistic:
-/// all of them, or `None` when an item lacks units (the batch is redone locked).
+/// Step 5: units per item, each reservation its quantity. Locked: exactly what MySQL
+/// has, in stream order (a reservation whose k no longer fits fails; a later smaller
+/// one may still fit). Optimistic: all of them, or `None` when an item lacks units
+/// (the batch is redone locked).
 fn allot_units(
     out: &mut Outcomes,
+    batch: &[Reservation],
     wanted: &HashMap<u64, Vec<usize>>,
     items: &HashMap<u64, ItemRow>,
     lock_first: bool,
 ) -> Option<Vec<(u64, u32)>> {
     let mut takes: Vec<(u64, u32)> = Vec::new();
     for (item_id, ks) in wanted {
-        let stock = items[item_id].stock as usize;
-        if !lock_first && stock < ks.len() {
+        let stock = u64::from(items[item_id].stock);
+        let want: u64 = ks.iter().map(|k| u64::from(batch[*k].quantity)).sum();
+        if !lock_first && stock < want {
             return None;
         }
-        let take = stock.min(ks.len());
-        if take > 0 {
-            takes.push((*item_id, take as u32));
-        }
-        for (n, k) in ks.iter().enumerate() {
-            out[*k] = Some(if n < take {
+        let mut take = 0u64;
+        for k in ks {
+            let q = u64::from(batch[*k].quantity);
+            out[*k] = Some(if take + q <= stock {
+                take += q;
                 Written::Pending
             } else {
                 Written::Failed(SOLD_OUT_AFTER_ALL)
             });
+        }
+        if take > 0 {
+            takes.push((*item_id, take as u32));
         }
     }
     Some(takes)
@@ -316,7 +322,8 @@ async fn insert_orders(
     for chunk in new.chunks(INSERT_CHUNK) {
         let mut q = QueryBuilder::<MySql>::new(
             "INSERT INTO orders (id, activity_id, item_id, user_id, request_id, shard, \
-             amount_cents, status, pay_deadline, failure_reason, reserved_at, created_at) ",
+             quantity, amount_cents, status, pay_deadline, failure_reason, reserved_at, \
+             created_at) ",
         );
         q.push_values(chunk, |mut b, (k, r)| {
             let (status, deadline, reason) = match &out[*k] {
@@ -329,7 +336,8 @@ async fn insert_orders(
                 .push_bind(r.user.clone())
                 .push_bind(r.request.clone())
                 .push_bind(r.rid.shard)
-                .push_bind(items[&r.rid.item].sale_price_cents)
+                .push_bind(r.quantity)
+                .push_bind(items[&r.rid.item].sale_price_cents * i64::from(r.quantity))
                 .push_bind(status.as_str())
                 .push_bind(deadline)
                 .push_bind(reason)
@@ -341,7 +349,7 @@ async fn insert_orders(
     Ok(())
 }
 
-/// Step 6b: one stock log row (-1) per new `PENDING` order.
+/// Step 6b: one stock log row (-quantity) per new `PENDING` order.
 async fn insert_stock_log(
     tx: &mut Transaction<'_, MySql>,
     pending: &[&Reservation],
@@ -354,7 +362,7 @@ async fn insert_stock_log(
         q.push_values(chunk, |mut b, r| {
             b.push_bind(r.rid.item)
                 .push_bind(r.rid.to_string())
-                .push_bind(-1i32)
+                .push_bind(-i64::from(r.quantity))
                 .push_bind("ORDER")
                 .push_bind(created);
         });

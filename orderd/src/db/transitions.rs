@@ -119,7 +119,8 @@ impl Db {
         Ok((change, row))
     }
 
-    /// MySQL stock +1 per order, a stock log row and an outbox row each.
+    /// MySQL stock + the order's quantity per order, a stock log row and an outbox row
+    /// each (the relay's RELEASE gives Redis the k units the buyer record holds).
     async fn return_units(
         tx: &mut sqlx::Transaction<'_, MySql>,
         rows: &[OrderRow],
@@ -128,7 +129,7 @@ impl Db {
     ) -> Result<()> {
         let mut per_item: HashMap<u64, u32> = HashMap::new();
         for r in rows {
-            *per_item.entry(r.item_id).or_default() += 1;
+            *per_item.entry(r.item_id).or_default() += r.quantity;
         }
         let mut items: Vec<_> = per_item.into_iter().collect();
         items.sort_unstable();
@@ -147,7 +148,7 @@ impl Db {
         q.push_values(rows, |mut b, r| {
             b.push_bind(r.item_id)
                 .push_bind(r.id.clone())
-                .push_bind(1i32)
+                .push_bind(i64::from(r.quantity))
                 .push_bind(reason.as_str())
                 .push_bind(at);
         });

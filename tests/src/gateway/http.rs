@@ -30,15 +30,27 @@ pub async fn call(
     body: Option<Value>,
     xff: Option<&str>,
 ) -> Answer {
+    let xff: Vec<(&str, &str)> = xff.map(|ip| ("x-forwarded-for", ip)).into_iter().collect();
+    send(method, url, jwt, &xff, body).await
+}
+
+/// `method url` with an optional bearer JWT, extra headers and JSON body.
+pub async fn send(
+    method: reqwest::Method,
+    url: String,
+    jwt: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Answer {
     let mut req = reqwest::Client::new().request(method, url);
     if let Some(t) = jwt {
         req = req.bearer_auth(t);
     }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
     if let Some(b) = body {
         req = req.json(&b);
-    }
-    if let Some(ip) = xff {
-        req = req.header("x-forwarded-for", ip);
     }
     let r = req.send().await.expect("request");
     let status = r.status().as_u16();

@@ -65,6 +65,12 @@ impl GatewayHandle {
         format!("http://127.0.0.1:{}", self.admin_port)
     }
 
+    /// One sample of `/metrics`: `labels` as Prometheus prints them (sorted by name,
+    /// `a="x",b="y"`), empty for a series without labels; `None` when absent.
+    pub async fn metric(&self, name: &str, labels: &str) -> Option<f64> {
+        metric_value(&self.metrics().await, name, labels)
+    }
+
     /// The Prometheus text of `/metrics` on the admin port.
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("{}/metrics", self.admin_url()))
@@ -435,9 +441,22 @@ pub fn bucket(rate: f64, burst: f64) -> gateway::toml::Value {
 pub mod http;
 pub mod proxy;
 pub mod raw;
+pub mod room;
 pub mod stack;
 
 pub use http::{call, Answer};
 pub use proxy::PausableProxy;
 pub use raw::{RawHttp, RawResponse};
 pub use stack::Stack;
+
+/// One sample of a Prometheus text page (see [`GatewayHandle::metric`]).
+pub fn metric_value(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}

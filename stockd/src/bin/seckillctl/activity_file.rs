@@ -22,9 +22,13 @@ pub struct ActivityFile {
     /// Redis shards per item, 1..=1024. Default 8.
     #[serde(default = "default_shards")]
     pub shard_count: u32,
-    /// Units per user per item; only 1 is supported. Default 1.
+    /// Units per user per item (the largest reserve quantity), 1..=100. Default 1.
     #[serde(default)]
     pub per_user_limit: u32,
+    /// Proof-of-work bits per sub-puzzle the gateway asks before a purchase token,
+    /// 0..=24; 0 = no challenge. Default 0.
+    #[serde(default)]
+    pub challenge_bits: u32,
     /// At least one item.
     pub items: Vec<ItemFile>,
 }
@@ -111,6 +115,7 @@ impl ActivityFile {
             end_at_ms: parse_time("end_at", &self.end_at, now_ms)?,
             shard_count: self.shard_count,
             per_user_limit: self.per_user_limit,
+            challenge_bits: self.challenge_bits,
             items: self
                 .items
                 .iter()

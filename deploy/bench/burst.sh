@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# deploy/bench/burst.sh — where the opening burst's `reserved` latency goes (issue 15, item 2).
+# Runs deploy/local/demo.sh (its default crowd unless flags are given; they are passed on) on the
+# local stack and splits the crowd's `reserved` answers into the stages the daemons measure,
+# from /metrics scraped just before and just after the crowd:
+#   crowd      the crowd's own report (request sent -> answer read, in the crowd's runtime)
+#   edge       gateway_request_duration_seconds{outcome="reserved"}: request header read ->
+#              answer written, in the gateway
+#   hop        gateway_upstream_call_seconds{service="stockd"}: the gRPC call as the edge sees
+#              it (the channel's queue and HTTP/2 included)
+#   stockd     stockd_reserve_seconds: the whole Reserve handler (queueing for the shard's
+#              group-commit call included)
+#   lua        stockd_lua_seconds{script="reserve"}: one EVALSHA (with its WAIT when acked)
+#   ack        stockd_replica_ack_seconds: the pipeline's WAIT for a replica
+# The gap crowd - edge is time outside the gateway's handler: the client's own scheduling, the
+# kernel's socket queues and the gateway's event loop before it reads the request. Also the
+# CPU seconds of each process over the run (who had the 2 cores).
+#
+# Usage: deploy/bench/burst.sh [demo.sh flags]     (brings the stack up with up.sh first)
+# Env: SKIP_UP=1 (the stack is already up; SKIP_BUILD=1 is passed to demo.sh then).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+source "$ROOT/deploy/local/lib.sh"
+HERE=$ROOT/deploy/bench
+OUT=${OUT:-/tmp/burst-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+[ "${SKIP_UP:-0}" = 1 ] || "$ROOT/deploy/local/up.sh" || die "up.sh failed"
+scrape() { curl -fsS "http://127.0.0.1:9091/metrics" >"$OUT/gateway-$1.prom"; curl -fsS "http://127.0.0.1:9092/metrics" >"$OUT/stockd-$1.prom"; }
+pids() { for f in "$STATE"/pids/*.pid; do p=$(cat "$f"); [ -r "/proc/$p/stat" ] && echo "$(basename "$f" .pid) $p"; done; }
+ticks() { pids | while read -r n p; do echo "$n $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')"; done; }
+scrape before
+ticks >"$OUT/cpu-before.txt"
+t0=$(date +%s.%N)
+SKIP_BUILD=1 "$ROOT/deploy/local/demo.sh" --no-up --out "$OUT/demo" "$@" >"$OUT/demo.log" 2>&1
+rc=$?
+t1=$(date +%s.%N)
+ticks >"$OUT/cpu-after.txt"
+scrape after
+child=$(sed 's/^.*) //' "/proc/$$/stat" | awk '{print $14 + $15}')
+echo "demo.sh exit $rc, log $OUT/demo.log"
+echo
+echo "crowd's own report (reserved and all answers):"
+grep -E "^ *(kind|reserved|all) " "$OUT/demo.log" | head -3
+echo
+echo "stages, from the daemons' histograms over the crowd's run:"
+python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_request_duration_seconds 'outcome="reserved"'
+python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_upstream_call_seconds 'service="stockd"'
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_seconds
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_lua_seconds 'script="reserve"'
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_replica_ack_seconds
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size
+echo
+hz=$(getconf CLK_TCK)
+echo "CPU over the demo ($(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}') s wall, 2 cores = $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", 2 * (b - a)}') cpu-s):"
+join <(sort "$OUT/cpu-before.txt") <(sort "$OUT/cpu-after.txt") | awk -v hz="$hz" '{ printf "  %-16s %6.2f cpu-s\n", $1, ($3 - $2) / hz }'
+awk -v c="$child" -v hz="$hz" 'BEGIN{ printf "  %-16s %6.2f cpu-s (demo.sh, seckillctl, crowd)\n", "children", c / hz }'
+echo "files: $OUT"
+exit $rc

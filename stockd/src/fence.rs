@@ -1,0 +1,160 @@
+//! The fence check: finds lost Redis state while nobody buys, and opens activities new
+//! to this process. Reading one shard is one `MGET` of its fence (epoch) and its
+//! reservation sequence: a missing fence (a node back empty, a flush, a key evicted or
+//! deleted) starts a rebuild; a sequence below this process's high-water mark under the
+//! same epoch (a failover to a replica that lagged) is reported and rebuilt.
+//!
+//! Reading every shard of every open activity each period made an idle stockd's Redis
+//! traffic grow with the number of activities (issue 15, item 5: 8 `MGET`s per activity
+//! per `stock.fence_check_ms`). Now each period reads:
+//! - every shard of the activities waiting to open (new to this process, or a check that
+//!   failed): few, and none once they are open;
+//! - then whole activities in id order from where the last period stopped, until
+//!   `stock.fence_check_shards` shards are read (the round);
+//! - every shard of every open activity instead (a full pass) when a Redis client
+//!   reconnected to a node or saw the slot map change since the last period (a node that
+//!   restarted, maybe empty; a replica promoted, maybe behind), or when the last period
+//!   found a loss (a flush of a node shows in the first shards of it the round reads;
+//!   the pass finds the others at once, not one round later).
+//!
+//! Bounds, with `T` = `stock.fence_check_ms`, `B` = `stock.fence_check_shards` and `S` the
+//! open shards: an idle stockd sends at most `B` (plus one activity's shards) `MGET`s per
+//! `T`, whatever `S`. A node restarted or failed over is read in full within about `T` of
+//! fred's reconnection; a flushed node within `2T` (the round reads every node each
+//! period once `B` covers a few activities); a loss confined to one shard within
+//! `ceil(S / B)` periods, or at its next reservation: the scripts answer LOST for a
+//! missing key on every call, and BEHIND for a rewound shard in the stockd that holds
+//! its high-water mark. A peer without that mark may still reserve on a rewound shard
+//! until a check finds it (docs/stockd.md, Known limits): the reason a failover, the
+//! usual cause of a rewind, makes the next period a full pass.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use seckill_lua::clock::now_ms;
+
+use crate::app::App;
+use crate::catalog::ActivityEntry;
+use crate::recompute::Cause;
+use crate::shard::HighWater;
+
+impl App {
+    /// Reads every shard of `entry` and acts on what it finds: a missing fence starts a
+    /// rebuild, a shard behind its high-water mark is reported and rebuilt, an activity
+    /// whose shards are all fine opens. True when a loss was found.
+    async fn check_activity(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> bool {
+        // Marks first, Redis second: whatever this process saw before the read, a Redis
+        // that lost nothing has at least reached.
+        let seen: Vec<HighWater> = (0..entry.shards()).map(|i| entry.high_water(i)).collect();
+        let marks = match self.shard_marks(entry.id(), entry.shards()).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(activity = entry.id(), error = %e, "fence check failed");
+                return false;
+            }
+        };
+        if marks.iter().any(|(fence, _)| fence.is_none()) {
+            self.trigger_recompute(entry, Cause::Lost, "fence missing");
+            return true;
+        }
+        let behind = marks
+            .iter()
+            .zip(&seen)
+            .enumerate()
+            .find(|(_, ((fence, seq), hw))| {
+                fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
+            });
+        if let Some((i, ((_, seq), hw))) = behind {
+            self.lost_writes(entry, i as u32, hw, *seq);
+            return true;
+        }
+        if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {
+            entry.available.store(true, Ordering::Release);
+        }
+        false
+    }
+
+    /// A full pass: every shard of every activity whose window has not ended (and that
+    /// is not being rebuilt). True when a loss was found.
+    pub async fn check_fences(self: &Arc<Self>) -> bool {
+        let now = now_ms();
+        let mut found = false;
+        for entry in self.catalog.all() {
+            if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
+                continue;
+            }
+            found |= self.check_activity(&entry).await;
+        }
+        self.count_unavailable(now);
+        found
+    }
+
+    /// One period of the round: the activities waiting to open, then whole activities
+    /// after `cursor` (an activity id) in id order, wrapping, until
+    /// `stock.fence_check_shards` shards are read or every one was. Moves `cursor` to the
+    /// last activity read. True when a loss was found.
+    async fn fence_step(self: &Arc<Self>, cursor: &mut u64) -> bool {
+        let now = now_ms();
+        let mut open: Vec<Arc<ActivityEntry>> = Vec::new();
+        let mut found = false;
+        for entry in self.catalog.all() {
+            if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
+                continue;
+            }
+            if entry.is_available() {
+                open.push(entry);
+            } else {
+                found |= self.check_activity(&entry).await;
+            }
+        }
+        open.sort_unstable_by_key(|e| e.id());
+        let split = open.partition_point(|e| e.id() <= *cursor);
+        let budget = u64::from(self.config.stock.fence_check_shards);
+        let mut read = 0u64;
+        for entry in open[split..].iter().chain(&open[..split]) {
+            if read >= budget {
+                break;
+            }
+            found |= self.check_activity(entry).await;
+            read += u64::from(entry.shards());
+            *cursor = entry.id();
+        }
+        self.count_unavailable(now);
+        found
+    }
+
+    /// `stockd_unavailable_activities`: open windows answered UNAVAILABLE now.
+    fn count_unavailable(&self, now: i64) {
+        let closed = self
+            .catalog
+            .all()
+            .iter()
+            .filter(|e| e.end_ms() > now && e.start_ms() <= now && !e.is_available())
+            .count();
+        self.metrics.unavailable_activities.set(closed as i64);
+    }
+
+    /// The fence check every `stock.fence_check_ms` until shutdown: a period of the
+    /// round, or a full pass after a reconnection, a cluster map change or a loss.
+    pub async fn fence_loop(self: Arc<Self>) {
+        let period = Duration::from_millis(self.config.stock.fence_check_ms);
+        let mut cursor = 0u64;
+        let mut seen = self.redis.topology_changes();
+        let mut full = false;
+        loop {
+            let changes = self.redis.topology_changes();
+            full |= changes != seen;
+            seen = changes;
+            full = if full {
+                self.check_fences().await
+            } else {
+                self.fence_step(&mut cursor).await
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = self.shutdown.clone().wait() => return,
+            }
+        }
+    }
+}

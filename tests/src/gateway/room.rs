@@ -1,0 +1,128 @@
+//! Waiting-room calls through the edge, as an app makes them (tokens in the
+//! `X-Room-Token` / `X-Room-Admission` headers), and the room's admin knobs.
+
+use serde_json::Value;
+
+use super::http::send;
+use super::{Answer, GatewayHandle};
+
+impl GatewayHandle {
+    /// `POST /api/v1/activities/{a}/room/join`, with a position token when given.
+    pub async fn room_join(&self, jwt: &str, a: u64, place: Option<&str>) -> Answer {
+        let h: Vec<(&str, &str)> = place.map(|p| ("x-room-token", p)).into_iter().collect();
+        send(
+            reqwest::Method::POST,
+            format!("{}/api/v1/activities/{a}/room/join", self.base_url()),
+            Some(jwt),
+            &h,
+            None,
+        )
+        .await
+    }
+
+    /// `POST /api/v1/activities/{a}/room/heartbeat` with the position token.
+    pub async fn room_beat(&self, jwt: &str, a: u64, place: &str) -> Answer {
+        send(
+            reqwest::Method::POST,
+            format!("{}/api/v1/activities/{a}/room/heartbeat", self.base_url()),
+            Some(jwt),
+            &[("x-room-token", place)],
+            None,
+        )
+        .await
+    }
+
+    /// `POST .../items/{s}/token` with an admission token (or none).
+    pub async fn token_admitted(
+        &self,
+        jwt: &str,
+        a: u64,
+        s: u64,
+        admission: Option<&str>,
+    ) -> Answer {
+        self.item_post_admitted(jwt, a, s, "token", admission).await
+    }
+
+    /// `POST .../items/{s}/challenge` with an optional admission token.
+    pub async fn challenge_admitted(
+        &self,
+        jwt: &str,
+        a: u64,
+        s: u64,
+        admission: Option<&str>,
+    ) -> Answer {
+        self.item_post_admitted(jwt, a, s, "challenge", admission)
+            .await
+    }
+
+    /// `POST .../items/{s}/<route>` with an empty JSON body and an optional admission
+    /// token (`X-Room-Admission`).
+    async fn item_post_admitted(
+        &self,
+        jwt: &str,
+        a: u64,
+        s: u64,
+        route: &str,
+        admission: Option<&str>,
+    ) -> Answer {
+        let h: Vec<(&str, &str)> = admission
+            .map(|t| ("x-room-admission", t))
+            .into_iter()
+            .collect();
+        send(
+            reqwest::Method::POST,
+            format!(
+                "{}/api/v1/activities/{a}/items/{s}/{route}",
+                self.base_url()
+            ),
+            Some(jwt),
+            &h,
+            Some(serde_json::json!({})),
+        )
+        .await
+    }
+
+    /// `POST /room/{a}` on the admin port: live knobs for the whole fleet.
+    /// Joins the room of `a` and heartbeats every 100 ms (each beat asserted 200) until
+    /// admitted: the admission token.
+    pub async fn room_wait_admitted(&self, jwt: &str, a: u64) -> String {
+        let joined = self.room_join(jwt, a, None).await;
+        let mut place = joined.body["position_token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a position token: {}", joined.body))
+            .to_string();
+        loop {
+            let r = self.room_beat(jwt, a, &place).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            if r.body["state"] == "admitted" {
+                return r.body["admission_token"].as_str().unwrap().to_string();
+            }
+            place = r.body["position_token"].as_str().unwrap().to_string();
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn room_knobs(&self, a: u64, knobs: Value) -> Answer {
+        send(
+            reqwest::Method::POST,
+            format!("{}/room/{a}", self.admin_url()),
+            None,
+            &[],
+            Some(knobs),
+        )
+        .await
+    }
+
+    /// `GET /room/{a}` on the admin port (the status as this gateway last ticked it).
+    pub async fn room_admin_status(&self, a: u64) -> Value {
+        send(
+            reqwest::Method::GET,
+            format!("{}/room/{a}", self.admin_url()),
+            None,
+            &[],
+            None,
+        )
+        .await
+        .body
+    }
+}

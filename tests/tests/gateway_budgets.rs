@@ -1,0 +1,352 @@
+#![cfg(all(feature = "stockd", feature = "orderd", feature = "gateway"))]
+//! Edge budgets shared by the fleet (`limits.fleet`): two gateways on one stack hold the
+//! per-user and per-route token buckets and the admission cap together, not once each.
+//!
+//! - A client hammers the purchase-token route through both gateways, first as one user
+//!   (the per-user bucket binds), then as many users (the route bucket binds): with
+//!   fleet sharing on, the combined admitted count stays within the stated tolerance of
+//!   one bucket's (rate × time + burst); with it off, it is about twice that (the test
+//!   can fail).
+//! - A crowd retrying on `busy` reserves through both gateways while stockd is held
+//!   (a paused proxy): with fleet sharing on, the reservations in flight across both
+//!   stay within the cap; with it off, each gateway fills its own cap.
+//!
+//! Needs `cargo build --bins -p gateway`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use seckill_tests::gateway::Stack;
+use seckill_tests::gateway::{bucket, set, spawn_gateway, EdgeDeps, GatewayHandle, PausableProxy};
+use seckill_tests::process::wait_until_async;
+
+/// Per-user bucket of the rate test.
+const USER_RATE: f64 = 20.0;
+const USER_BURST: f64 = 5.0;
+/// The purchase-token route's bucket.
+const ROUTE_RATE: f64 = 40.0;
+const ROUTE_BURST: f64 = 5.0;
+/// How long each phase hammers.
+const HAMMER: Duration = Duration::from_secs(4);
+/// Reconciliation interval of the rate test.
+const SYNC_MS: u64 = 50;
+
+fn fleet_config(c: &mut gateway::toml::Table, fleet: bool) {
+    set(c, "limits", "fleet", fleet);
+    set(c, "limits", "fleet_size", 2);
+    set(c, "limits", "sync_ms", SYNC_MS as i64);
+}
+
+/// Hammers `POST .../token` through both gateways in turn, `conns` requests at a time,
+/// for [`HAMMER`], as `users` (round robin); returns (admitted, refused 429, seconds).
+async fn hammer(
+    gws: &[&GatewayHandle; 2],
+    a: u64,
+    s: u64,
+    users: &[String],
+    conns: usize,
+) -> (usize, usize, f64) {
+    let http = reqwest::Client::new();
+    let now = seckill_lua::clock::now_ms() as u64;
+    let jwts: Arc<Vec<String>> = Arc::new(users.iter().map(|u| gws[0].jwt(u, 3600, now)).collect());
+    let urls: Arc<[String; 2]> = Arc::new([0, 1].map(|i| {
+        format!(
+            "{}/api/v1/activities/{a}/items/{s}/token",
+            gws[i].base_url()
+        )
+    }));
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..conns {
+        let (http, jwts, urls, admitted, refused, next) = (
+            http.clone(),
+            jwts.clone(),
+            urls.clone(),
+            admitted.clone(),
+            refused.clone(),
+            next.clone(),
+        );
+        tasks.spawn(async move {
+            while started.elapsed() < HAMMER {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let r = http
+                    .post(&urls[n % 2])
+                    .bearer_auth(&jwts[(n / 2) % jwts.len()])
+                    .json(&serde_json::json!({}))
+                    .send()
+                    .await
+                    .expect("request");
+                match r.status().as_u16() {
+                    200 => admitted.fetch_add(1, Ordering::Relaxed),
+                    429 => refused.fetch_add(1, Ordering::Relaxed),
+                    other => panic!("unexpected {other}: {}", r.text().await.unwrap_or_default()),
+                };
+                let _ = r.bytes().await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    (
+        admitted.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+        started.elapsed().as_secs_f64(),
+    )
+}
+
+/// (admitted for one user, admitted for the route) through two gateways.
+async fn rates(fleet: bool) -> ((usize, usize, f64), (usize, usize, f64)) {
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(10, 100)]).await;
+    let tweak = |c: &mut gateway::toml::Table| {
+        fleet_config(c, fleet);
+        set(c, "limits", "per_user", bucket(USER_RATE, USER_BURST));
+        let mut routes = gateway::toml::Table::new();
+        routes.insert("token".into(), bucket(ROUTE_RATE, ROUTE_BURST));
+        set(c, "limits", "routes", gateway::toml::Value::Table(routes));
+    };
+    let (g1, g2) = (s.gateway(tweak).await, s.gateway(tweak).await);
+    g1.wait_activity(act.id).await;
+    g2.wait_activity(act.id).await;
+    if fleet {
+        // Both reconcile with Redis (out of the start-up fallback) before the clock runs.
+        for g in [&g1, &g2] {
+            wait_until_async("fleet sync running", Duration::from_secs(20), || async {
+                g.metrics()
+                    .await
+                    .lines()
+                    .any(|l| l == "gateway_fleet_fallback 0")
+            })
+            .await;
+        }
+    }
+    let (a, item) = (act.id, act.items[0].id);
+    let one = hammer(&[&g1, &g2], a, item, &["hammer".to_string()], 8).await;
+    // Let the route bucket fill again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let many: Vec<String> = (0..64).map(|i| format!("crowd-{i}")).collect();
+    let crowd = hammer(&[&g1, &g2], a, item, &many, 8).await;
+    (one, crowd)
+}
+
+/// What one bucket allows in `secs`: burst + rate × time.
+fn one_bucket(rate: f64, burst: f64, secs: f64) -> f64 {
+    burst + rate * secs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fleet_sharing_two_gateways_admit_one_users_and_one_routes_rate_together() {
+    let ((u_ok, u_no, u_secs), (r_ok, r_no, r_secs)) = rates(true).await;
+    let user_allowed = one_bucket(USER_RATE, USER_BURST, u_secs);
+    let route_allowed = one_bucket(ROUTE_RATE, ROUTE_BURST, r_secs);
+    eprintln!(
+        "fleet on: one user {u_ok} admitted / {u_no} refused in {u_secs:.2} s \
+         (one bucket: {user_allowed:.0}); route {r_ok} / {r_no} in {r_secs:.2} s \
+         (one bucket: {route_allowed:.0})"
+    );
+    // The clients asked for far more than either bucket.
+    assert!(u_no > u_ok && r_no > r_ok, "the clients did not hammer");
+    // Stated tolerance (docs/gateway.md): the fleet admits at most one bucket's worth,
+    // plus a burst per extra gateway at first contact and rate x sync_ms per gateway
+    // in the last round; 25 % on top for the clock of a loaded machine. Twice one
+    // bucket (every gateway on its own) is far above.
+    let tol = |rate: f64, burst: f64, allowed: f64| {
+        1.25 * allowed + burst + 2.0 * rate * SYNC_MS as f64 / 1000.0
+    };
+    assert!(
+        (u_ok as f64) <= tol(USER_RATE, USER_BURST, user_allowed),
+        "one user got {u_ok} through two gateways, one bucket allows {user_allowed:.0}"
+    );
+    assert!(
+        (r_ok as f64) <= tol(ROUTE_RATE, ROUTE_BURST, route_allowed),
+        "the route let {r_ok} through two gateways, one bucket allows {route_allowed:.0}"
+    );
+    // Not starved either: sharing does not cost the fleet its rate.
+    assert!(
+        u_ok as f64 >= 0.6 * user_allowed,
+        "one user got only {u_ok}"
+    );
+    assert!(
+        r_ok as f64 >= 0.6 * route_allowed,
+        "the route let only {r_ok}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fleet_sharing_two_gateways_admit_twice_the_rate() {
+    let ((u_ok, u_no, u_secs), (r_ok, r_no, r_secs)) = rates(false).await;
+    let user_allowed = one_bucket(USER_RATE, USER_BURST, u_secs);
+    let route_allowed = one_bucket(ROUTE_RATE, ROUTE_BURST, r_secs);
+    eprintln!(
+        "fleet off: one user {u_ok} admitted / {u_no} refused in {u_secs:.2} s \
+         (one bucket: {user_allowed:.0}); route {r_ok} / {r_no} in {r_secs:.2} s \
+         (one bucket: {route_allowed:.0})"
+    );
+    assert!(
+        u_ok as f64 >= 1.6 * user_allowed,
+        "one user got {u_ok}, one bucket allows {user_allowed:.0}"
+    );
+    assert!(
+        r_ok as f64 >= 1.6 * route_allowed,
+        "the route let {r_ok}, one bucket allows {route_allowed:.0}"
+    );
+}
+
+/// The admission cap of the crowd test: k = 0.1 of 100 units (98 after the warm-ups).
+const CAP: usize = 10;
+
+/// Reservations held in flight across two gateways after a crowd retrying on `busy`.
+async fn held_in_flight(fleet: bool) -> usize {
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(100, 100)]).await;
+    let proxy = PausableProxy::start(&s.stockd.addr).await;
+    let orderd = s.orderd.addr_str();
+    let deps = EdgeDeps {
+        redis: &s.redis,
+        stockd: &proxy.addr,
+        orderd: &orderd,
+    };
+    let tweak = |c: &mut gateway::toml::Table| {
+        fleet_config(c, fleet);
+        set(c, "admission", "k", 0.1);
+        set(c, "admission", "min_in_flight", 1);
+        set(c, "admission", "lease_slice", 2);
+        set(c, "upstreams", "reserve_deadline_ms", 30_000);
+    };
+    let gws = [
+        spawn_gateway(&deps, tweak).await,
+        spawn_gateway(&deps, tweak).await,
+    ];
+    let (a, item) = (act.id, act.items[0].id);
+    let now = seckill_lua::clock::now_ms() as u64;
+    for (i, g) in gws.iter().enumerate() {
+        g.wait_activity(a).await;
+        // Warm each gateway's gRPC connection through the proxy.
+        let jwt = g.jwt(&format!("warm-{i}"), 3600, now);
+        let t = g.purchase_token(&jwt, a, item).await;
+        assert_eq!(g.reserve(&jwt, a, item, &t).await.status, 202);
+    }
+    // The crowd: 40 buyers, half on each gateway, each retrying on busy.
+    let mut buyers = Vec::new();
+    for i in 0..40 {
+        let g = &gws[i % 2];
+        let user = format!("buyer-{i}");
+        let jwt = g.jwt(&user, 3600, now);
+        let t = g.purchase_token(&jwt, a, item).await;
+        buyers.push((i % 2, jwt, t));
+    }
+    proxy.pause();
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicUsize::new(0));
+    let gws = Arc::new(gws);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (g, jwt, t) in buyers {
+        let (gws, stop, held) = (gws.clone(), stop.clone(), held.clone());
+        tasks.spawn(async move {
+            let url = format!(
+                "{}/api/v1/activities/{a}/items/{item}/reserve",
+                gws[g].base_url()
+            );
+            let http = reqwest::Client::new();
+            while !stop.load(Ordering::Relaxed) {
+                let send = http
+                    .post(&url)
+                    .bearer_auth(&jwt)
+                    .json(&serde_json::json!({"purchase_token": t}))
+                    .send();
+                // An answer within two seconds is a refusal; a call still open after
+                // that is held at the paused proxy: admitted.
+                match tokio::time::timeout(Duration::from_secs(2), send).await {
+                    Ok(Ok(r)) => {
+                        assert_eq!(
+                            r.status().as_u16(),
+                            429,
+                            "{}",
+                            r.text().await.unwrap_or_default()
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Ok(Err(e)) => panic!("request: {e}"),
+                    Err(_) => {
+                        held.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    while tasks.join_next().await.is_some() {}
+    let n = held.load(Ordering::Relaxed);
+    proxy.resume();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fleet_sharing_the_admission_cap_holds_across_two_gateways() {
+    let held = held_in_flight(true).await;
+    eprintln!("fleet on: {held} reservations in flight across two gateways (cap {CAP})");
+    // Stated overshoot: none while the cap stands still (the slots are leased).
+    assert!(held <= CAP, "{held} in flight, cap {CAP}");
+    assert!(
+        held >= CAP / 2,
+        "only {held} admitted: the leases did not grow"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fleet_sharing_each_gateway_fills_its_own_admission_cap() {
+    let held = held_in_flight(false).await;
+    eprintln!("fleet off: {held} reservations in flight across two gateways (cap {CAP})");
+    assert!(held > CAP, "{held} in flight, cap {CAP}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_unreachable_a_gateway_falls_back_to_its_share_of_the_rate() {
+    let mut s = Stack::start().await;
+    let act = s.open_activity(&[(10, 100)]).await;
+    let g = s
+        .gateway(|c| {
+            fleet_config(c, true);
+            set(c, "limits", "per_user", bucket(USER_RATE, 2.0 * USER_BURST));
+        })
+        .await;
+    g.wait_activity(act.id).await;
+    wait_until_async("fleet sync running", Duration::from_secs(20), || async {
+        g.metric("gateway_fleet_fallback", "").await == Some(0.0)
+    })
+    .await;
+    // Redis goes away; the edge answers from what it knows, on its share of the fleet.
+    for i in 0..s.redis.nodes().len() {
+        s.redis.kill_node(i);
+    }
+    wait_until_async("the fallback", Duration::from_secs(20), || async {
+        g.metric("gateway_fleet_fallback", "").await == Some(1.0)
+    })
+    .await;
+    // Let the bucket settle at its share (burst / 2) before the clock runs.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ok, no, secs) = hammer(&[&g, &g], act.id, act.items[0].id, &["alone".into()], 8).await;
+    let share = one_bucket(USER_RATE / 2.0, USER_BURST, secs);
+    let full = one_bucket(USER_RATE, 2.0 * USER_BURST, secs);
+    eprintln!(
+        "Redis down: one user {ok} admitted / {no} refused in {secs:.2} s by one gateway \
+         (its share, rate / 2: {share:.0}; the full rate: {full:.0})"
+    );
+    assert!(no > ok, "the client did not hammer");
+    assert!(
+        (ok as f64) <= 1.25 * share + USER_BURST,
+        "{ok} admitted, the share allows {share:.0}"
+    );
+    assert!(ok as f64 >= 0.6 * share, "only {ok} admitted");
+    assert!(
+        g.metric("gateway_fleet_sync_errors_total", "")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+}
