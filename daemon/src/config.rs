@@ -132,6 +132,65 @@ pub fn ensure_nodes(nodes: &[String], field: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// `[redis.clusters.<name>]`: a named Redis Cluster that activities can be placed on, so a
+/// hot sale runs on Redis nodes of its own (an activity's `redis_cluster` names one). Only
+/// the nodes differ: every other `[redis]` setting applies to each named cluster too. The
+/// `[redis]` section's own nodes are the default cluster, which also holds everything that
+/// is not one activity's stock (the published-activity catalog, bans, rooms, budgets).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedCluster {
+    /// Nodes of this cluster, `host:port`; one is enough, the rest are discovered.
+    pub nodes: Vec<String>,
+}
+
+/// Named clusters by name, in name order.
+pub type NamedClusters = std::collections::BTreeMap<String, NamedCluster>;
+
+/// How an activity names the default cluster (`[redis]`); the empty string does too.
+pub const DEFAULT_CLUSTER: &str = "default";
+
+/// Why `name` cannot name a cluster: 1..=32 characters of `a-z`, `0-9`, `_`, `-`.
+pub fn cluster_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name.len() > 32 {
+        return Some("must be 1 to 32 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return Some("may hold only a-z, 0-9, `_` and `-`");
+    }
+    None
+}
+
+/// The cluster an activity's `redis_cluster` names, `None` for the default one (`""` or
+/// `"default"`).
+pub fn named_cluster(redis_cluster: &str) -> Option<&str> {
+    match redis_cluster {
+        "" | DEFAULT_CLUSTER => None,
+        name => Some(name),
+    }
+}
+
+/// Checks `[redis.clusters]` (`field` is its dotted path, `redis.clusters`): valid names,
+/// not `default`, and at least one `host:port` node each.
+pub fn ensure_clusters(clusters: &NamedClusters, field: &str) -> Result<(), FieldError> {
+    for (name, cluster) in clusters {
+        let at = format!("{field}.{name}");
+        if let Some(problem) = cluster_name_problem(name) {
+            return Err(FieldError::new(at, format!("cluster name {problem}")));
+        }
+        ensure(
+            name != DEFAULT_CLUSTER,
+            &at,
+            "`default` is the [redis] section's own cluster; name this one otherwise",
+        )?;
+        ensure_nodes(&cluster.nodes, &format!("{at}.nodes"))?;
+    }
+    Ok(())
+}
+
 fn is_host_port(s: &str) -> bool {
     s.rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())

@@ -152,6 +152,10 @@ pub mod meta {
     /// Leading zero bits of each proof-of-work sub-puzzle the gateway asks before a
     /// purchase token; 0 (or absent) = no challenge.
     pub const CHALLENGE_BITS: &str = "challenge_bits";
+    /// The named Redis Cluster holding the activity's shards, sold-out flags and
+    /// streams (`[redis.clusters.<name>]` in every daemon's config); absent or empty =
+    /// the default cluster, which always holds this hash and the catalog.
+    pub const CLUSTER: &str = "cluster";
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use seckill_daemon::config::{
-    ensure, ensure_host_port, ensure_nodes, ensure_range, AdminSection, ConfigError, FieldError,
-    LogSection, Validate,
+    ensure, ensure_clusters, ensure_host_port, ensure_nodes, ensure_range, AdminSection,
+    ConfigError, FieldError, LogSection, NamedClusters, Validate,
 };
 
 /// Environment override prefix: `ORDERD__MYSQL__URL=mysql://...`.
@@ -85,6 +85,12 @@ pub struct GrpcConfig {
 pub struct RedisConfig {
     /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
     pub nodes: Vec<String>,
+    /// Named Redis Clusters (`[redis.clusters.<name>]`, each with its own `nodes`) that an
+    /// activity's `redis_cluster` can place its stock on: a hot sale on Redis nodes of its
+    /// own. Every other `[redis]` setting applies to them too. Default: none (every
+    /// activity on the cluster of `nodes`).
+    #[serde(default, skip_serializing_if = "NamedClusters::is_empty")]
+    pub clusters: NamedClusters,
     /// Deadline of one Redis command, in ms. Default 1000.
     #[serde(default = "default_redis_timeout_ms")]
     pub timeout_ms: u64,
@@ -328,6 +334,7 @@ impl Config {
             admin: AdminSection::default(),
             redis: RedisConfig {
                 nodes: redis_nodes,
+                clusters: NamedClusters::new(),
                 timeout_ms: 2000,
                 connect_timeout_ms: 2000,
             },
@@ -403,6 +410,7 @@ impl Validate for Config {
         ensure_range(self.grpc.watch_poll_ms, 10..=60_000, "grpc.watch_poll_ms")?;
         self.admin.validate()?;
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
+        ensure_clusters(&self.redis.clusters, "redis.clusters")?;
         ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
         ensure_range(
             self.redis.connect_timeout_ms,

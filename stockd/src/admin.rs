@@ -135,6 +135,7 @@ impl App {
             f::CHALLENGE_BITS.into(),
             activity.challenge_bits.to_string(),
         );
+        m.insert(f::CLUSTER.into(), activity.redis_cluster.clone());
         let ids: Vec<String> = activity.items.iter().map(|i| i.id.to_string()).collect();
         m.insert(f::ITEMS.into(), ids.join(","));
         for it in &activity.items {

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use seckill_daemon::config::{
-    ensure, ensure_host_port, ensure_nodes, ensure_range, AdminSection, ConfigError, FieldError,
-    LogSection, Validate,
+    ensure, ensure_clusters, ensure_host_port, ensure_nodes, ensure_range, AdminSection,
+    ConfigError, FieldError, LogSection, NamedClusters, Validate,
 };
 
 /// Environment override prefix: `STOCKD__REDIS__TIMEOUT_MS=500`.
@@ -98,6 +98,12 @@ impl GrpcConfig {
 pub struct RedisConfig {
     /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
     pub nodes: Vec<String>,
+    /// Named Redis Clusters (`[redis.clusters.<name>]`, each with its own `nodes`) that an
+    /// activity's `redis_cluster` can place its stock on: a hot sale on Redis nodes of its
+    /// own. Every other `[redis]` setting applies to them too. Default: none (every
+    /// activity on the cluster of `nodes`).
+    #[serde(default, skip_serializing_if = "NamedClusters::is_empty")]
+    pub clusters: NamedClusters,
     /// Deadline of one Redis command (a Lua call included), in ms. A call that takes
     /// longer answers UNAVAILABLE. Default 500.
     #[serde(default = "default_redis_timeout_ms")]
@@ -300,6 +306,7 @@ impl Config {
             admin: AdminSection::default(),
             redis: RedisConfig {
                 nodes: redis_nodes,
+                clusters: NamedClusters::new(),
                 // Generous: debug builds on a shared 2-core machine under thousands
                 // of concurrent calls.
                 timeout_ms: 3000,
@@ -344,6 +351,7 @@ impl Validate for Config {
         ensure_range(self.grpc.worker_threads, 0..=256, "grpc.worker_threads")?;
         self.admin.validate()?;
         ensure_nodes(&self.redis.nodes, "redis.nodes")?;
+        ensure_clusters(&self.redis.clusters, "redis.clusters")?;
         ensure_range(self.redis.timeout_ms, 1..=60_000, "redis.timeout_ms")?;
         ensure_range(
             self.redis.connect_timeout_ms,

@@ -51,8 +51,9 @@ pub async fn create_activity(pool: &MySqlPool, a: &NewActivity) -> Result<u64> {
     let mut tx = pool.begin().await?;
     let id = sqlx::query(
         "INSERT INTO activities \
-         (title, start_at, end_at, shard_count, per_user_limit, status, challenge_bits) \
-         VALUES (?, ?, ?, ?, ?, 'DRAFT', ?)",
+         (title, start_at, end_at, shard_count, per_user_limit, status, challenge_bits, \
+          redis_cluster) \
+         VALUES (?, ?, ?, ?, ?, 'DRAFT', ?, ?)",
     )
     .bind(&a.title)
     .bind(to_dt(a.start_at_ms))
@@ -60,6 +61,7 @@ pub async fn create_activity(pool: &MySqlPool, a: &NewActivity) -> Result<u64> {
     .bind(a.shard_count)
     .bind(a.per_user_limit)
     .bind(a.challenge_bits)
+    .bind(&a.redis_cluster)
     .execute(&mut *tx)
     .await?
     .last_insert_id();
@@ -83,7 +85,7 @@ pub async fn create_activity(pool: &MySqlPool, a: &NewActivity) -> Result<u64> {
 }
 
 const ACTIVITY_COLUMNS: &str = "id, title, start_at, end_at, shard_count, per_user_limit, \
-     status, publish_at, version, challenge_bits";
+     status, publish_at, version, challenge_bits, redis_cluster";
 
 fn activity_from_row(r: &sqlx::mysql::MySqlRow) -> Result<pb::Activity> {
     let publish_at: Option<NaiveDateTime> = r.try_get("publish_at")?;
@@ -99,6 +101,7 @@ fn activity_from_row(r: &sqlx::mysql::MySqlRow) -> Result<pb::Activity> {
         items: Vec::new(),
         version: r.try_get("version")?,
         challenge_bits: r.try_get("challenge_bits")?,
+        redis_cluster: r.try_get("redis_cluster")?,
     })
 }
 

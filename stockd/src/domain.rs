@@ -73,6 +73,9 @@ pub struct NewActivity {
     pub items: Vec<NewItem>,
     /// Proof-of-work bits per sub-puzzle at the edge (0 = off).
     pub challenge_bits: u32,
+    /// The named Redis Cluster of its stock; empty = the default cluster. Checked
+    /// against stockd's `[redis.clusters]` by the admin call, not here.
+    pub redis_cluster: String,
 }
 
 /// Most proof-of-work bits per sub-puzzle an activity may ask: 32 sub-puzzles of 24
@@ -141,6 +144,15 @@ impl NewActivity {
                 format!("must be 0..={MAX_CHALLENGE_BITS} (0 = no challenge)"),
             ));
         }
+        let redis_cluster = match seckill_daemon::config::named_cluster(req.redis_cluster.trim()) {
+            None => String::new(),
+            Some(name) => {
+                if let Some(problem) = seckill_daemon::config::cluster_name_problem(name) {
+                    return Err(invalid("redis_cluster", problem));
+                }
+                name.to_string()
+            }
+        };
         if req.items.is_empty() {
             return Err(invalid("items", "must hold at least one item"));
         }
@@ -181,6 +193,7 @@ impl NewActivity {
             per_user_limit,
             items,
             challenge_bits: req.challenge_bits,
+            redis_cluster,
         })
     }
 }

@@ -226,6 +226,7 @@ pub async fn create_published_activity_limited(
         },
         per_user_limit,
         challenge_bits: 0,
+        redis_cluster: String::new(),
         items: items
             .iter()
             .enumerate()

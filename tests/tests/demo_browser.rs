@@ -446,6 +446,7 @@ async fn create_challenge_activity(
                 stock: 5,
             }],
             challenge_bits,
+            redis_cluster: String::new(),
         })
         .await
         .expect("create")

@@ -93,6 +93,7 @@ async fn a_solved_puzzle_buys_one_token_across_two_gateways_and_bots_get_none() 
                 })
                 .collect(),
             challenge_bits: BITS,
+            redis_cluster: String::new(),
         })
         .await
         .expect("create")

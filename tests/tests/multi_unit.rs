@@ -417,6 +417,7 @@ async fn per_user_limit_is_1_to_100() {
         shard_count: 2,
         per_user_limit: limit,
         challenge_bits: 0,
+        redis_cluster: String::new(),
         items: vec![pb::ItemSpec {
             title: "i".into(),
             price_cents: 2,

@@ -40,6 +40,7 @@ fn good_request() -> pb::CreateActivityRequest {
         per_user_limit: 1,
         items: vec![spec(10)],
         challenge_bits: 0,
+        redis_cluster: String::new(),
     }
 }
 

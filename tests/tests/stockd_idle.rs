@@ -305,6 +305,7 @@ async fn an_idle_stockd_sends_the_same_trickle_for_16_or_48_activities_and_still
             shard_count: SHARDS,
             per_user_limit: 1,
             challenge_bits: 0,
+            redis_cluster: String::new(),
             items: vec![pb::ItemSpec {
                 title: "item".into(),
                 price_cents: 200,

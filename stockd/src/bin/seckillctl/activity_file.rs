@@ -29,6 +29,10 @@ pub struct ActivityFile {
     /// 0..=24; 0 = no challenge. Default 0.
     #[serde(default)]
     pub challenge_bits: u32,
+    /// The named Redis Cluster of the activity's stock (a `[redis.clusters.<name>]` of
+    /// stockd's config): a hot sale on nodes of its own. Default: the default cluster.
+    #[serde(default)]
+    pub redis_cluster: String,
     /// At least one item.
     pub items: Vec<ItemFile>,
 }
@@ -116,6 +120,7 @@ impl ActivityFile {
             shard_count: self.shard_count,
             per_user_limit: self.per_user_limit,
             challenge_bits: self.challenge_bits,
+            redis_cluster: self.redis_cluster.clone(),
             items: self
                 .items
                 .iter()
