@@ -32,6 +32,19 @@ use crate::error::{invalid, Error, Result};
 impl App {
     pub async fn create_activity(&self, req: &pb::CreateActivityRequest) -> Result<pb::Activity> {
         let new = NewActivity::parse(req)?;
+        if !self.clusters.knows(&new.redis_cluster) {
+            let known: Vec<&str> = self.clusters.all().map(|(name, _)| name).collect();
+            return Err(invalid(
+                "redis_cluster",
+                format!(
+                    "`{}` is not a Redis Cluster of this stockd (configured: {}; add \
+                     [redis.clusters.{}] to every daemon's config first)",
+                    new.redis_cluster,
+                    known.join(", "),
+                    new.redis_cluster
+                ),
+            ));
+        }
         let id = db::create_activity(&self.db, &new).await?;
         tracing::info!(activity = id, title = %new.title, "activity created");
         self.get_activity(id).await
@@ -78,8 +91,8 @@ impl App {
         db::set_published(&self.db, id, now).await?;
         let activity = self.get_activity(id).await?;
         self.catalog.insert(activity.clone(), true);
-        self.redis.sadd(keys::ACTIVITIES, id.to_string()).await?;
-        self.redis
+        self.redis().sadd(keys::ACTIVITIES, id.to_string()).await?;
+        self.redis()
             .publish(keys::ACTIVITIES_CHANNEL, id.to_string())
             .await?;
         tracing::info!(activity = id, warmed, "published");
@@ -110,7 +123,10 @@ impl App {
                     split_stock(u64::from(rec.stock), shards)[i as usize],
                 );
             }
-            let r = self.redis.call(warm).await?;
+            let r = self
+                .redis_named(&activity.redis_cluster)?
+                .call(warm)
+                .await?;
             wrote |= r.as_i64().map(Warmed::from_reply) == Some(Warmed::Wrote);
         }
         self.write_meta(activity).await?;
@@ -150,8 +166,8 @@ impl App {
                 it.price_cents.to_string(),
             );
         }
-        self.redis.hset(keys::meta(a), m).await?;
-        self.redis.sadd(keys::ACTIVITIES, a.to_string()).await
+        self.redis().hset(keys::meta(a), m).await?;
+        self.redis().sadd(keys::ACTIVITIES, a.to_string()).await
     }
 
     /// Loads published activities into the catalog and publishes scheduled ones whose
@@ -226,11 +242,12 @@ impl App {
             )));
         };
         let shard_remaining = self.shard_stock(a, item, shards).await?;
+        let redis = self.redis_of(entry)?;
         let held = futures::future::try_join_all(
-            (0..shards).map(|i| self.redis.held_units(keys::buyers(a, i, item))),
+            (0..shards).map(|i| redis.held_units(keys::buyers(a, i, item))),
         )
         .await?;
-        let sold_out = self.redis.exists(keys::sold_out(a, item)).await?;
+        let sold_out = redis.exists(keys::sold_out(a, item)).await?;
         Ok(pb::ItemStatus {
             item_id: item,
             total: it.total,
@@ -360,8 +377,8 @@ impl App {
         };
         let mut m = HashMap::new();
         m.insert(cidr.clone(), BanChange::stored_value(expires_at_ms, reason));
-        self.redis.hset(keys::BANS.to_string(), m).await?;
-        self.redis
+        self.redis().hset(keys::BANS.to_string(), m).await?;
+        self.redis()
             .publish(
                 keys::BANS_CHANNEL,
                 BanChange::Ban {
@@ -378,8 +395,8 @@ impl App {
 
     pub async fn unban(&self, cidr: &str) -> Result<bool> {
         let cidr = normalize_cidr(cidr)?;
-        let removed = self.redis.hdel(keys::BANS, &cidr).await?;
-        self.redis
+        let removed = self.redis().hdel(keys::BANS, &cidr).await?;
+        self.redis()
             .publish(
                 keys::BANS_CHANNEL,
                 BanChange::Unban { cidr: cidr.clone() }.encode(),
@@ -391,7 +408,7 @@ impl App {
     pub async fn list_bans(&self) -> Result<Vec<pb::Ban>> {
         let now = now_ms();
         let mut bans: Vec<pb::Ban> = self
-            .redis
+            .redis()
             .hgetall(keys::BANS)
             .await?
             .into_iter()

@@ -110,11 +110,15 @@ impl App {
             })
             .collect();
         // With `redis.replica_acks`, one WAIT per master's pipeline of ready calls.
-        let answer = self
-            .redis
-            .call_acked(call, &keys::fence(entry.id(), shard))
-            .await
-            .and_then(|a| Ok((array(a.value)?, a.replicated)));
+        let answer = match self.redis_of(entry) {
+            Ok(redis) => {
+                redis
+                    .call_acked(call, &keys::fence(entry.id(), shard))
+                    .await
+            }
+            Err(e) => Err(e),
+        }
+        .and_then(|a| Ok((array(a.value)?, a.replicated)));
         let (parts, replicated) = match answer {
             Ok((parts, replicated)) if parts.len() == RESERVE_FIELDS * answers.len() => {
                 (parts, replicated)

@@ -75,13 +75,27 @@ impl App {
         false
     }
 
-    /// A full pass: every shard of every activity whose window has not ended (and that
-    /// is not being rebuilt). True when a loss was found.
+    /// A full pass on every cluster at once (each cluster's activities in turn, so a
+    /// dead cluster's timeouts do not hold up another's). True when a loss was found.
     pub async fn check_fences(self: &Arc<Self>) -> bool {
+        let names: Vec<String> = self.clusters.all().map(|(n, _)| n.to_string()).collect();
+        let passes = names.iter().map(|name| self.check_fences_on(name));
+        futures::future::join_all(passes)
+            .await
+            .into_iter()
+            .any(|found| found)
+    }
+
+    /// A full pass over one cluster: every shard of every activity on it whose window
+    /// has not ended (and that is not being rebuilt). True when a loss was found.
+    async fn check_fences_on(self: &Arc<Self>, cluster: &str) -> bool {
         let now = now_ms();
         let mut found = false;
         for entry in self.catalog.all() {
-            if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
+            if !on_cluster(&entry, cluster)
+                || entry.end_ms() <= now
+                || entry.recomputing.load(Ordering::Acquire)
+            {
                 continue;
             }
             found |= self.check_activity(&entry).await;
@@ -94,12 +108,15 @@ impl App {
     /// after `cursor` (an activity id) in id order, wrapping, until
     /// `stock.fence_check_shards` shards are read or every one was. Moves `cursor` to the
     /// last activity read. True when a loss was found.
-    async fn fence_step(self: &Arc<Self>, cursor: &mut u64) -> bool {
+    async fn fence_step(self: &Arc<Self>, cluster: &str, cursor: &mut u64) -> bool {
         let now = now_ms();
         let mut open: Vec<Arc<ActivityEntry>> = Vec::new();
         let mut found = false;
         for entry in self.catalog.all() {
-            if entry.end_ms() <= now || entry.recomputing.load(Ordering::Acquire) {
+            if !on_cluster(&entry, cluster)
+                || entry.end_ms() <= now
+                || entry.recomputing.load(Ordering::Acquire)
+            {
                 continue;
             }
             if entry.is_available() {
@@ -135,21 +152,32 @@ impl App {
         self.metrics.unavailable_activities.set(closed as i64);
     }
 
-    /// The fence check every `stock.fence_check_ms` until shutdown: a period of the
-    /// round, or a full pass after a reconnection, a cluster map change or a loss.
+    /// The fence check every `stock.fence_check_ms` until shutdown, one loop per Redis
+    /// Cluster over the activities placed on it: a period of the round, or a full pass
+    /// after a reconnection or a slot-map change of that cluster, or a loss. A cluster
+    /// that is down (every read waits out `redis.timeout_ms`) delays only its own loop.
     pub async fn fence_loop(self: Arc<Self>) {
+        let names: Vec<String> = self.clusters.all().map(|(n, _)| n.to_string()).collect();
+        let loops = names.iter().map(|name| self.clone().fence_loop_on(name));
+        futures::future::join_all(loops).await;
+    }
+
+    async fn fence_loop_on(self: Arc<Self>, cluster: &str) {
+        let Some(redis) = self.clusters.get(cluster).cloned() else {
+            return;
+        };
         let period = Duration::from_millis(self.config.stock.fence_check_ms);
         let mut cursor = 0u64;
-        let mut seen = self.redis.topology_changes();
+        let mut seen = redis.topology_changes();
         let mut full = false;
         loop {
-            let changes = self.redis.topology_changes();
+            let changes = redis.topology_changes();
             full |= changes != seen;
             seen = changes;
             full = if full {
-                self.check_fences().await
+                self.check_fences_on(cluster).await
             } else {
-                self.fence_step(&mut cursor).await
+                self.fence_step(cluster, &mut cursor).await
             };
             tokio::select! {
                 _ = tokio::time::sleep(period) => {}
@@ -157,4 +185,12 @@ impl App {
             }
         }
     }
+}
+
+/// Whether `entry`'s stock lives on the cluster named `cluster` (`default` for the
+/// `[redis]` section's own).
+fn on_cluster(entry: &ActivityEntry, cluster: &str) -> bool {
+    seckill_daemon::config::named_cluster(&entry.activity.redis_cluster)
+        .unwrap_or(seckill_daemon::config::DEFAULT_CLUSTER)
+        == cluster
 }

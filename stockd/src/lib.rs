@@ -77,7 +77,7 @@ pub async fn run_with_metrics(
         Some(t) => Some(t.load("grpc.tls").map_err(|e| anyhow::anyhow!("{e}"))?),
         None => None,
     };
-    let redis = redis::Redis::connect(&config.redis, metrics.clone())
+    let redis = redis::Clusters::connect(&config.redis, metrics.clone())
         .await
         .context("redis")?;
     let db = db::pool(&config.mysql).context("mysql")?;

@@ -205,7 +205,11 @@ impl App {
         let token = lease.token;
         // 1. Close.
         for i in 0..shards {
-            let closed = int(&self.redis.call(RebuildCall::close(a, i, token)).await?)?;
+            let closed = int(&self
+                .redis_at(a)
+                .await?
+                .call(RebuildCall::close(a, i, token))
+                .await?)?;
             if !RebuildCall::applied(closed) {
                 return Err(Error::Unavailable(format!(
                     "activity {a} shard {i}: a newer rebuild owns it"
@@ -215,7 +219,12 @@ impl App {
         // 2. Reservations already in the streams.
         let mut entries = Vec::new();
         for i in 0..shards {
-            for (_id, fields) in self.redis.stream_entries(keys::orders_stream(a, i)).await? {
+            for (_id, fields) in self
+                .redis_at(a)
+                .await?
+                .stream_entries(keys::orders_stream(a, i))
+                .await?
+            {
                 let (Some(rid), Some(user), Some(item)) = (
                     fields.get(entry::RESERVATION),
                     fields.get(entry::USER),
@@ -299,7 +308,7 @@ impl App {
                 let b = buyers[i as usize].remove(&s).unwrap_or_default();
                 open.push(s, counts[&s][i as usize], b);
             }
-            if !RebuildCall::applied(int(&self.redis.call(open).await?)?) {
+            if !RebuildCall::applied(int(&self.redis_at(a).await?.call(open).await?)?) {
                 return Err(Error::Unavailable(format!(
                     "activity {a} shard {i}: a newer rebuild owns it"
                 )));
@@ -494,7 +503,8 @@ impl App {
 
     /// True when every shard has a stock key for item `s`.
     async fn shard_stock_present(&self, a: u64, s: u64, shards: u32) -> Result<bool> {
-        let futs = (0..shards).map(|i| self.redis.get_i64(keys::stock(a, i, s)));
+        let redis = self.redis_at(a).await?;
+        let futs = (0..shards).map(|i| redis.get_i64(keys::stock(a, i, s)));
         Ok(futures::future::try_join_all(futs)
             .await?
             .iter()
@@ -516,7 +526,8 @@ impl App {
         a: u64,
         shards: u32,
     ) -> Result<Vec<(Option<String>, u64)>> {
-        let futs = (0..shards).map(|i| self.redis.mget(vec![keys::fence(a, i), keys::seq(a, i)]));
+        let redis = self.redis_at(a).await?;
+        let futs = (0..shards).map(|i| redis.mget(vec![keys::fence(a, i), keys::seq(a, i)]));
         Ok(futures::future::try_join_all(futs)
             .await?
             .into_iter()

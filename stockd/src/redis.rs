@@ -7,7 +7,7 @@
 //! through [`crate::ack`]: grouped per master, pipelined with one `WAIT` on a connection
 //! lent to that pipeline alone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,67 @@ pub struct Redis {
     topology: std::sync::Arc<AtomicU64>,
 }
 
+/// Every Redis Cluster stockd is configured with: the default one (`[redis]`'s
+/// `nodes`), which holds the published-activity catalog, the meta hashes and the bans,
+/// and each named one (`[redis.clusters.<name>]`), which holds only the stock, buyers,
+/// streams, fences and sold-out flags of the activities placed on it. Hot-item
+/// isolation: a sale on its own cluster shares no Redis node, connection or call queue
+/// with the others.
+#[derive(Clone)]
+pub struct Clusters {
+    default: Redis,
+    named: BTreeMap<String, Redis>,
+}
+
+impl Clusters {
+    /// Connects to every configured cluster. A cluster that is down does not stop the
+    /// start: its client keeps reconnecting, and calls on it answer UNAVAILABLE.
+    pub async fn connect(cfg: &RedisConfig, metrics: Metrics) -> anyhow::Result<Self> {
+        let default = Redis::connect(cfg, &cfg.nodes, metrics.clone()).await?;
+        let mut named = BTreeMap::new();
+        for (name, cluster) in &cfg.clusters {
+            let redis = Redis::connect(cfg, &cluster.nodes, metrics.clone())
+                .await
+                .map_err(|e| e.context(format!("redis.clusters.{name}")))?;
+            named.insert(name.clone(), redis);
+        }
+        Ok(Self { default, named })
+    }
+
+    /// The default cluster: the catalog, the meta hashes, the bans, and the stock of
+    /// every activity that names no cluster.
+    pub fn default_cluster(&self) -> &Redis {
+        &self.default
+    }
+
+    /// The cluster an activity's `redis_cluster` names; `None` when this stockd is not
+    /// configured with it.
+    pub fn get(&self, redis_cluster: &str) -> Option<&Redis> {
+        match seckill_daemon::config::named_cluster(redis_cluster) {
+            None => Some(&self.default),
+            Some(name) => self.named.get(name),
+        }
+    }
+
+    /// Whether `redis_cluster` names a configured cluster (the default included).
+    pub fn knows(&self, redis_cluster: &str) -> bool {
+        self.get(redis_cluster).is_some()
+    }
+
+    /// Every cluster, as (name, client), the default first under the name `default`.
+    pub fn all(&self) -> impl Iterator<Item = (&str, &Redis)> {
+        std::iter::once((seckill_daemon::config::DEFAULT_CLUSTER, &self.default))
+            .chain(self.named.iter().map(|(n, r)| (n.as_str(), r)))
+    }
+
+    /// Closes every connection of every cluster.
+    pub async fn quit(&self) {
+        for (_, redis) in self.all() {
+            redis.quit().await;
+        }
+    }
+}
+
 /// What a replica-acknowledged call got back.
 #[derive(Debug)]
 pub struct Acked {
@@ -51,7 +112,11 @@ impl Redis {
     /// Builds the pool and starts connecting; waits up to the connect timeout for the
     /// first connection, and returns anyway (calls then fail with UNAVAILABLE until
     /// Redis is reachable).
-    pub async fn connect(cfg: &RedisConfig, metrics: Metrics) -> anyhow::Result<Self> {
+    pub async fn connect(
+        cfg: &RedisConfig,
+        nodes: &[String],
+        metrics: Metrics,
+    ) -> anyhow::Result<Self> {
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
         // One write per command: a GIVE written twice after a dropped connection would
@@ -61,7 +126,7 @@ impl Redis {
             command_attempts: 1,
             reconnect: ReconnectPolicy::new_constant(0, 100),
         };
-        let pool = seckill_daemon::redis::builder(&cfg.nodes, timeout, connect_timeout, retries)
+        let pool = seckill_daemon::redis::builder(nodes, timeout, connect_timeout, retries)
             .build_pool(cfg.pool_size)?;
         pool.connect();
         match tokio::time::timeout(connect_timeout, pool.wait_for_connect()).await {
@@ -77,9 +142,8 @@ impl Redis {
                     command_attempts: 1,
                     reconnect: ReconnectPolicy::new_constant(0, 100),
                 };
-                let c =
-                    seckill_daemon::redis::builder(&cfg.nodes, timeout, connect_timeout, retries)
-                        .build()?;
+                let c = seckill_daemon::redis::builder(nodes, timeout, connect_timeout, retries)
+                    .build()?;
                 c.init().await.ok();
                 clients.push(c);
             }

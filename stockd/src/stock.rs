@@ -137,7 +137,7 @@ impl App {
             // Published by a peer since this process's last catalog poll: its meta is
             // in Redis. Not NOT_FOUND (a caller would not retry, and an edge would not
             // fail over): UNAVAILABLE until the poll loads it.
-            if Box::pin(self.redis.exists(keys::meta(activity))).await? {
+            if Box::pin(self.redis().exists(keys::meta(activity))).await? {
                 return Err(Error::Unavailable(format!(
                     "activity {activity} is not loaded here yet; retry shortly"
                 )));
@@ -307,7 +307,12 @@ impl App {
                 Empty::SoldOut
             });
         }
-        if have <= 0 && self.redis.exists(keys::sold_out(activity, item)).await? {
+        if have <= 0
+            && self
+                .redis_of(entry)?
+                .exists(keys::sold_out(activity, item))
+                .await?
+        {
             return Ok(Empty::SoldOut);
         }
         let missing = (i64::from(units) - have.max(0)).max(1);
@@ -402,7 +407,8 @@ impl App {
     ) -> Result<Step> {
         let a = entry.id();
         let take = TakeCall::new(a, donor, item, want);
-        let took = self.redis.call_acked(take, &keys::fence(a, donor)).await?;
+        let redis = self.redis_of(&entry)?;
+        let took = redis.call_acked(take, &keys::fence(a, donor)).await?;
         let taken = match MoveReply::from_reply(int(&took.value)?) {
             MoveReply::FenceMissing => {
                 self.trigger_recompute(&entry, Cause::Lost, "fence missing at take");
@@ -433,7 +439,7 @@ impl App {
             ));
         }
         let give = GiveCall::new(a, home, item, taken);
-        if MoveReply::from_reply(int(&self.redis.call(give).await?)?) == MoveReply::FenceMissing {
+        if MoveReply::from_reply(int(&redis.call(give).await?)?) == MoveReply::FenceMissing {
             // The units are lost (undersell) until the recompute restores them.
             self.trigger_recompute(&entry, Cause::Lost, "fence missing at give");
             return Ok(Step::Lost);
@@ -445,9 +451,10 @@ impl App {
 
     /// Sets the sold-out key and announces it when this call set it.
     pub(crate) async fn mark_sold_out(&self, a: u64, s: u64) -> Result<()> {
-        if self.redis.set_nx(keys::sold_out(a, s), "1").await? {
+        let redis = self.redis_at(a).await?;
+        if redis.set_nx(keys::sold_out(a, s), "1").await? {
             tracing::info!(a, s, "sold out");
-            self.redis
+            redis
                 .publish(
                     keys::SOLD_OUT_CHANNEL,
                     SoldOut {
@@ -464,9 +471,10 @@ impl App {
 
     /// Clears the sold-out key and announces it when this call cleared it.
     pub(crate) async fn clear_sold_out(&self, a: u64, s: u64) -> Result<()> {
-        if self.redis.del(keys::sold_out(a, s)).await? {
+        let redis = self.redis_at(a).await?;
+        if redis.del(keys::sold_out(a, s)).await? {
             tracing::info!(a, s, "back in stock");
-            self.redis
+            redis
                 .publish(
                     keys::SOLD_OUT_CHANNEL,
                     SoldOut {
@@ -483,7 +491,8 @@ impl App {
 
     /// Units per shard (a missing key counts as 0).
     pub(crate) async fn shard_stock(&self, a: u64, s: u64, shards: u32) -> Result<Vec<i64>> {
-        let futs = (0..shards).map(|i| self.redis.get_i64(keys::stock(a, i, s)));
+        let redis = self.redis_at(a).await?;
+        let futs = (0..shards).map(|i| redis.get_i64(keys::stock(a, i, s)));
         futures::future::try_join_all(futs)
             .await
             .map(|v| v.into_iter().map(|x| x.unwrap_or(0)).collect())
@@ -527,7 +536,8 @@ impl App {
         }
         let (a, s) = (rid.activity, rid.item);
         let parts = array(
-            self.redis
+            self.redis_at(a)
+                .await?
                 .call(ReleaseCall::new(&rid, user.as_str(), true))
                 .await?,
         )?;

@@ -209,13 +209,28 @@ pub async fn create_published_activity_limited(
     length: Duration,
     per_user_limit: u32,
 ) -> pb::Activity {
+    let req = sale_request(items, shards, start_in, length, per_user_limit);
+    create_and_publish(admin, req).await
+}
+
+/// The CreateActivity request of the `create_published_activity*` helpers: `items` as
+/// (stock, sale price in cents) over `shards` shards (0 = default 8), its window
+/// starting `start_in` from now (zero: already open, started a second ago) and lasting
+/// `length`; on the default Redis Cluster, with no challenge.
+pub fn sale_request(
+    items: &[(u32, i64)],
+    shards: u32,
+    start_in: Duration,
+    length: Duration,
+    per_user_limit: u32,
+) -> pb::CreateActivityRequest {
     let now = seckill_lua::clock::now_ms();
     let start = if start_in.is_zero() {
         now - 1000
     } else {
         now + start_in.as_millis() as i64
     };
-    let req = pb::CreateActivityRequest {
+    pb::CreateActivityRequest {
         title: "test sale".into(),
         start_at_ms: start,
         end_at_ms: start + length.as_millis().max(1) as i64,
@@ -237,7 +252,14 @@ pub async fn create_published_activity_limited(
                 stock: *stock,
             })
             .collect(),
-    };
+    }
+}
+
+/// Creates the activity `req` describes and publishes it now.
+pub async fn create_and_publish(
+    admin: &mut AdminClient,
+    req: pb::CreateActivityRequest,
+) -> pb::Activity {
     let created = admin
         .create_activity(req)
         .await
