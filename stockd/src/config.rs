@@ -514,6 +514,47 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     }
 
     #[test]
+    fn named_clusters_load_and_bad_ones_are_refused_naming_the_field() {
+        let text = format!("{GOOD}[redis.clusters.hot]\nnodes = [\"127.0.0.1:7101\"]\n");
+        let c = load(&text, &[]).unwrap();
+        assert_eq!(c.redis.clusters["hot"].nodes, ["127.0.0.1:7101"]);
+        assert!(load(GOOD, &[]).unwrap().redis.clusters.is_empty());
+        for (extra, field) in [
+            (
+                "[redis.clusters.hot]\nnodes = []\n",
+                "redis.clusters.hot.nodes",
+            ),
+            (
+                "[redis.clusters.hot]\nnodes = [\"nowhere\"]\n",
+                "redis.clusters.hot.nodes",
+            ),
+            (
+                "[redis.clusters.Hot]\nnodes = [\"h:1\"]\n",
+                "redis.clusters.Hot",
+            ),
+            (
+                "[redis.clusters.default]\nnodes = [\"h:1\"]\n",
+                "redis.clusters.default",
+            ),
+        ] {
+            let e = load(&format!("{GOOD}{extra}"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("stockd.toml: {field}: ")), "{e}");
+        }
+        let e = load(
+            &format!("{GOOD}[redis.clusters.hot]\nnodes = [\"h:1\"]\ntimeout_ms = 5\n"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("timeout_ms"),
+            "a named cluster takes only nodes: {e}"
+        );
+    }
+
+    #[test]
     fn environment_overrides_the_file() {
         let c = load(GOOD, &[("STOCKD__REDIS__TIMEOUT_MS", "250")]).unwrap();
         assert_eq!(c.redis.timeout_ms, 250);

@@ -198,7 +198,6 @@ impl NewActivity {
     }
 }
 
-/// Wall clock, unix ms.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +220,40 @@ mod tests {
         for bad in [MAX_PER_USER_LIMIT + 1, u32::MAX] {
             let e = quantity("quantity", bad).unwrap_err().to_string();
             assert!(e.starts_with("quantity: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_redis_cluster_is_a_name_and_default_means_none() {
+        let req = |cluster: &str| seckill_proto::pb::CreateActivityRequest {
+            title: "t".into(),
+            start_at_ms: 1_900_000_000_000,
+            end_at_ms: 1_900_000_060_000,
+            shard_count: 8,
+            redis_cluster: cluster.into(),
+            items: vec![seckill_proto::pb::ItemSpec {
+                title: "i".into(),
+                price_cents: 2,
+                sale_price_cents: 1,
+                stock: 1,
+            }],
+            ..Default::default()
+        };
+        for (given, kept) in [
+            ("", ""),
+            ("default", ""),
+            (" hot ", "hot"),
+            ("hot-2_b", "hot-2_b"),
+        ] {
+            assert_eq!(
+                NewActivity::parse(&req(given)).unwrap().redis_cluster,
+                kept,
+                "{given:?}"
+            );
+        }
+        for bad in ["Hot", "a b", "a.b", &"x".repeat(33)] {
+            let e = NewActivity::parse(&req(bad)).unwrap_err().to_string();
+            assert!(e.starts_with("redis_cluster: "), "{bad:?}: {e}");
         }
     }
 }
