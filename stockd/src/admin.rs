@@ -181,6 +181,26 @@ impl App {
         let mark = db::published_mark(&self.db).await?;
         if last.as_ref() != Some(&mark) {
             for a in db::published_activities(&self.db).await? {
+                if !self.clusters.knows(&a.redis_cluster) {
+                    // Made by a peer configured with a cluster this process lacks: left
+                    // out (its buyers get UNAVAILABLE here and are served by that peer),
+                    // so it cannot hold this process's readiness back.
+                    if self
+                        .unplaced
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(a.id)
+                    {
+                        tracing::error!(
+                            activity = a.id,
+                            redis_cluster = %a.redis_cluster,
+                            "activity on a Redis Cluster this stockd is not configured with \
+                             (add [redis.clusters.{}]); not served here",
+                            a.redis_cluster
+                        );
+                    }
+                    continue;
+                }
                 // New to this process: it opens after the fence check.
                 self.catalog.insert(a, false);
             }

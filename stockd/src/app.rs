@@ -27,6 +27,9 @@ pub struct App {
     /// Rebuilds running at once: each holds a MySQL connection for its lease and
     /// needs another for its snapshot, so at most half the pool.
     pub rebuilds: tokio::sync::Semaphore,
+    /// Published activities on a cluster this process is not configured with (logged
+    /// once each, left out of the catalog).
+    pub unplaced: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
 
 impl App {
@@ -46,6 +49,7 @@ impl App {
             db,
             metrics,
             catalog: Catalog::default(),
+            unplaced: Default::default(),
             shutdown,
         })
     }
