@@ -5,7 +5,9 @@
 //! - [`outbox_relay`]: outbox rows → the RELEASE script, straight against Redis (no
 //!   dependency on stockd being up), then the row is marked done. Exactly once: a
 //!   crash between release and mark repeats the release, which then finds no buyer
-//!   record naming the reservation (`NOT_HELD`) and changes nothing.
+//!   record naming the reservation (`NOT_HELD`) and changes nothing. One relay per
+//!   Redis cluster, each taking only the rows of the activities placed on it, so a
+//!   cluster that is down holds up only its own returns.
 //! - [`stats`]: orders-by-state and dead-letter gauges, every 5 s.
 
 use std::time::Duration;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use seckill_daemon::shutdown::Shutdown;
 use seckill_lua::ReservationId;
 
+use crate::clusters::Cluster;
 use crate::db::{Db, OutboxRow};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -51,20 +54,23 @@ pub async fn timeout_sweep(db: Db, metrics: Metrics, every: Duration, shutdown: 
     }
 }
 
-/// Relays the stock-return outbox every `every` until shutdown.
+/// Relays the stock-return outbox rows of `cluster`'s activities every `every` until
+/// shutdown.
 pub async fn outbox_relay(
     db: Db,
-    redis: Redis,
+    cluster: Cluster,
     metrics: Metrics,
     every: Duration,
     batch: u32,
     shutdown: Shutdown,
 ) {
     loop {
-        match relay_once(&db, &redis, &metrics, batch).await {
-            Ok(n) if n as u32 == batch => continue,
+        match relay_once(&db, &cluster, &metrics, batch).await {
+            Ok(n) if n as u32 == batch && !shutdown.is_fired() => continue,
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "outbox relay pass failed"),
+            Err(e) => {
+                tracing::warn!(cluster = %cluster.name, error = %e, "outbox relay pass failed")
+            }
         }
         if !pause(every, &shutdown).await {
             return;
@@ -72,19 +78,30 @@ pub async fn outbox_relay(
     }
 }
 
-/// One pass over pending outbox rows; returns how many it handled.
-pub async fn relay_once(db: &Db, redis: &Redis, metrics: &Metrics, batch: u32) -> Result<usize> {
-    let rows = db.pending_returns(batch).await?;
+/// One pass over the pending outbox rows of `cluster`'s activities; returns how many it
+/// handled. A Redis failure ends the pass with that error (the cluster is likely down:
+/// the other rows would each wait out the command deadline); they are tried next pass.
+pub async fn relay_once(
+    db: &Db,
+    cluster: &Cluster,
+    metrics: &Metrics,
+    batch: u32,
+) -> Result<usize> {
+    let rows = db.pending_returns(&cluster.outbox(), batch).await?;
     let n = rows.len();
     for row in rows {
-        match relay_row(redis, &row).await {
+        match relay_row(&cluster.redis, &row).await {
             Ok(outcome) => {
                 metrics.stock_returns.with_label_values(&[outcome]).inc();
                 db.mark_returned(row.id).await?;
             }
             Err(e) => {
-                tracing::warn!(order = %row.order_id, error = %e, "stock return to Redis failed; will retry");
                 db.mark_return_failed(row.id, &e.to_string()).await?;
+                if matches!(e, Error::Redis(_)) {
+                    return Err(e);
+                }
+                tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
+                    "stock return to Redis failed; will retry");
             }
         }
     }

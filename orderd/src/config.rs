@@ -79,16 +79,23 @@ pub struct GrpcConfig {
     pub tls: Option<seckill_daemon::tls::ServerTls>,
 }
 
-/// `[redis]`.
+/// `[redis]`: the default Redis Cluster and, optionally, named ones. Every cluster is
+/// connected in the background (the first connection retried like any reconnection), so
+/// one that is down at start neither stops orderd nor holds up the others.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// Cluster nodes, `host:port`; one is enough, the rest are discovered. Required.
+    /// Nodes of the default cluster, `host:port`; one is enough, the rest are discovered.
+    /// Required. It holds the activities whose `redis_cluster` is empty or `default`,
+    /// and the dead-letter stream `sk:dlq`.
     pub nodes: Vec<String>,
     /// Named Redis Clusters (`[redis.clusters.<name>]`, each with its own `nodes`) that an
     /// activity's `redis_cluster` can place its stock on: a hot sale on Redis nodes of its
-    /// own. Every other `[redis]` setting applies to them too. Default: none (every
-    /// activity on the cluster of `nodes`).
+    /// own. orderd consumes that activity's streams, releases its units and reads its
+    /// buyer records there. Names: 1..=32 of `a-z 0-9 _ -`, not `default`. Every other
+    /// `[redis]` setting (timeouts) applies to them too. Default: none (every activity
+    /// on the default cluster). An activity naming a cluster missing here is skipped
+    /// with a warning and counted by `orderd_unknown_cluster_activities`.
     #[serde(default, skip_serializing_if = "NamedClusters::is_empty")]
     pub clusters: NamedClusters,
     /// Deadline of one Redis command, in ms. Default 1000.
@@ -621,6 +628,38 @@ scopes = ["admin"]
             e.starts_with("o.toml: grpc.callers: give at least one"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn named_clusters_load_round_trip_and_a_bad_one_is_refused_naming_the_field() {
+        let text = GOOD.replace(
+            "[mysql]\n",
+            "[redis.clusters.hot]\nnodes = [\"127.0.0.1:7101\"]\n\
+             [redis.clusters.warm-2]\nnodes = [\"127.0.0.1:7201\", \"127.0.0.1:7202\"]\n[mysql]\n",
+        );
+        let c = Config::load_str(&text, "o.toml", []).unwrap();
+        assert_eq!(c.redis.clusters["hot"].nodes, ["127.0.0.1:7101"]);
+        assert_eq!(c.redis.clusters["warm-2"].nodes.len(), 2);
+        assert_eq!(c.redis.timeout_ms, 1000);
+        // The harness writes configs back as TOML for child processes.
+        let back = Config::load_str(&c.to_toml(), "t.toml", []).unwrap();
+        assert_eq!(back.redis.clusters, c.redis.clusters);
+
+        let bad = |from: &str, to: &str| {
+            Config::load_str(&text.replace(from, to), "o.toml", [])
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            bad("\"127.0.0.1:7101\"", "\"nohost\""),
+            "o.toml: redis.clusters.hot.nodes: `nohost` is not host:port"
+        );
+        assert!(bad("clusters.hot]", "clusters.Hot]").starts_with("o.toml: redis.clusters.Hot:"));
+        assert!(bad("clusters.hot]", "clusters.default]")
+            .starts_with("o.toml: redis.clusters.default:"));
+        assert!(bad("nodes = [\"127.0.0.1:7101\"]", "nodes = []")
+            .starts_with("o.toml: redis.clusters.hot.nodes:"));
+        assert!(bad("nodes = [\"127.0.0.1:7101\"]", "nodez = []").contains("nodez"));
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The stream consumers: reservations in Redis → orders in MySQL.
 //!
 //! [`discover`] reads the published activities from MySQL every
-//! `consumer.discovery_interval_ms`, makes sure the consumer group exists on each
-//! `sk:{a:i}:orders` stream, and runs one [`StreamConsumer`] per stream (each stream is
-//! one cluster slot, so one command per stream; the streams run concurrently).
+//! `consumer.discovery_interval_ms` and runs one [`StreamConsumer`] per
+//! `sk:{a:i}:orders` stream, against the Redis cluster the activity is placed on
+//! ([`crate::clusters`]; each stream is one cluster slot, so one command per stream; the
+//! streams run concurrently). Discovery itself sends nothing to Redis: each consumer
+//! creates its consumer group, retrying with back-off, so a cluster that is down holds
+//! up only its own streams. An activity on a cluster this orderd is not configured with
+//! is skipped, with one warning and the `orderd_unknown_cluster_activities` gauge.
 //!
 //! An idle consumer sleeps until an `XADD` on its stream wakes it ([`crate::wake`]),
 //! or, without wake-ups, polls every `block_ms`; either way nothing is sent for an
@@ -19,6 +23,9 @@
 //! 4. `XACK` + `XDEL` of every entry that is now an order (new, failed or already
 //!    there). Poison entries stay pending and come back through step 1.
 //!
+//! Every command of a consumer goes to its stream's cluster, but for the dead letters'
+//! `sk:dlq`, which is on the default cluster.
+//!
 //! Acknowledged entries are deleted, so a stream's length is its backlog (the lag
 //! metric) and streams stay small.
 //!
@@ -33,26 +40,25 @@ use seckill_daemon::shutdown::Shutdown;
 use seckill_lua::keys;
 use tokio::task::JoinSet;
 
+use crate::clusters::{Cluster, Clusters, UnknownClusters};
 use crate::config::ConsumerConfig;
 use crate::db::{Db, Written};
 use crate::metrics::Metrics;
 use crate::model::Reservation;
 use crate::redis::{Entry, Redis};
-use crate::wake::Wakes;
 
 /// Everything a consumer needs; shared by all of them.
 #[derive(Clone, Debug)]
 pub struct Ctx {
     pub db: Db,
-    pub redis: Redis,
+    /// Every Redis cluster, and where each activity lives.
+    pub clusters: Clusters,
     pub cfg: ConsumerConfig,
     pub consumer: String,
     pub pay_timeout: Duration,
     pub metrics: Metrics,
     /// Last error of each failing entry (by entry id), for its dead letter.
     pub errors: Arc<Mutex<HashMap<String, String>>>,
-    /// Wake-ups of idle consumers ([`crate::wake`]).
-    pub wakes: Wakes,
 }
 
 /// Exponential back-off with a cap and a little jitter.
@@ -96,29 +102,38 @@ async fn pause(d: Duration, shutdown: &Shutdown) -> bool {
 /// Finds streams and runs their consumers until shutdown; returns after every
 /// consumer finished its batch in hand.
 pub async fn discover(ctx: Ctx, shutdown: Shutdown) {
-    let mut running: HashSet<String> = HashSet::new();
+    // (cluster, stream): an activity moved to another cluster gets a consumer there,
+    // and the one on its old cluster drains what is left.
+    let mut running: HashSet<(String, String)> = HashSet::new();
+    let mut unknown = UnknownClusters::default();
     let mut tasks = JoinSet::new();
     let every = Duration::from_millis(ctx.cfg.discovery_interval_ms);
     loop {
         match ctx.db.published_activities().await {
             Ok(list) => {
-                for (a, shards) in list {
-                    for i in 0..shards {
-                        let stream = keys::orders_stream(a, i);
-                        if running.contains(&stream) {
-                            continue;
-                        }
-                        match ctx.redis.ensure_group(&stream, &ctx.cfg.group).await {
-                            Ok(()) => {
-                                tracing::info!(%stream, "consuming");
-                                running.insert(stream.clone());
-                                let c = StreamConsumer::new(ctx.clone(), stream);
-                                tasks.spawn(c.run(shutdown.clone()));
-                            }
-                            Err(e) => tracing::warn!(%stream, error = %e, "cannot create group"),
+                let mut unplaced = HashMap::new();
+                for act in list {
+                    ctx.clusters.place(act.id, &act.redis_cluster);
+                    let Some(cluster) = ctx.clusters.resolve(&act.redis_cluster) else {
+                        unplaced.insert(act.id, act.redis_cluster);
+                        continue;
+                    };
+                    for i in 0..act.shards {
+                        let stream = keys::orders_stream(act.id, i);
+                        if running.insert((cluster.name.clone(), stream.clone())) {
+                            let c = StreamConsumer::new(ctx.clone(), cluster.clone(), stream);
+                            tasks.spawn(c.run(shutdown.clone()));
                         }
                     }
                 }
+                for (activity, cluster) in unknown.pass(unplaced) {
+                    tracing::warn!(activity, %cluster,
+                        "activity placed on a Redis cluster this orderd has no \
+                         [redis.clusters.<name>] for; its streams are not consumed");
+                }
+                ctx.metrics
+                    .unknown_cluster_activities
+                    .set(unknown.len() as i64);
             }
             Err(e) => tracing::warn!(error = %e, "cannot read published activities"),
         }
@@ -133,20 +148,61 @@ pub async fn discover(ctx: Ctx, shutdown: Shutdown) {
 #[derive(Debug)]
 pub struct StreamConsumer {
     ctx: Ctx,
+    /// The cluster the stream lives on; `redis` is its client.
+    cluster: String,
+    redis: Redis,
+    /// The default cluster's client, for `sk:dlq`.
+    dlq: Redis,
+    wakes: crate::wake::Wakes,
     stream: String,
     backoff: Backoff,
 }
 
 impl StreamConsumer {
-    pub fn new(ctx: Ctx, stream: String) -> Self {
+    /// The consumer of `stream`, which lives on `cluster`.
+    pub fn new(ctx: Ctx, cluster: Cluster, stream: String) -> Self {
         let backoff = Backoff::new(
             Duration::from_millis(ctx.cfg.backoff_base_ms),
             Duration::from_millis(ctx.cfg.backoff_cap_ms),
         );
         Self {
+            dlq: ctx.clusters.default_cluster().redis.clone(),
             ctx,
+            cluster: cluster.name,
+            redis: cluster.redis,
+            wakes: cluster.wakes,
             stream,
             backoff,
+        }
+    }
+
+    /// `XGROUP CREATE ... MKSTREAM` until it succeeds (backing off, one warning);
+    /// false on shutdown.
+    async fn create_group(&mut self, shutdown: &Shutdown) -> bool {
+        let mut warned = false;
+        loop {
+            match self
+                .redis
+                .ensure_group(&self.stream, &self.ctx.cfg.group)
+                .await
+            {
+                Ok(()) => {
+                    self.backoff.reset();
+                    tracing::info!(stream = %self.stream, cluster = %self.cluster, "consuming");
+                    return true;
+                }
+                Err(e) => {
+                    if !warned {
+                        warned = true;
+                        tracing::warn!(stream = %self.stream, cluster = %self.cluster, error = %e,
+                            "cannot create the consumer group; retrying");
+                    }
+                    let d = self.backoff.next_delay();
+                    if !pause(d, shutdown).await {
+                        return false;
+                    }
+                }
+            }
         }
     }
 
@@ -154,7 +210,10 @@ impl StreamConsumer {
     pub async fn run(mut self, shutdown: Shutdown) {
         let claim_every = Duration::from_millis((self.ctx.cfg.claim_idle_ms / 2).max(10));
         let idle = Duration::from_millis(self.ctx.cfg.block_ms);
-        let woken = self.ctx.wakes.register(&self.stream);
+        let woken = self.wakes.register(&self.stream);
+        if !self.create_group(&shutdown).await {
+            return;
+        }
         let mut last_claim: Option<Instant> = None;
         // The lag gauge (XLEN) is read while entries flow (at most once a second) and
         // once when the stream falls idle; never for a stream that stays idle.
@@ -175,8 +234,7 @@ impl StreamConsumer {
             let claim_due = last_claim.is_none_or(|t| t.elapsed() >= claim_every);
             let read = if claim_due {
                 last_claim = Some(Instant::now());
-                self.ctx
-                    .redis
+                self.redis
                     .autoclaim(
                         &self.stream,
                         &self.ctx.cfg.group,
@@ -187,8 +245,7 @@ impl StreamConsumer {
                     .await
                     .map(|e| (e, true))
             } else {
-                self.ctx
-                    .redis
+                self.redis
                     .read_new(
                         &self.stream,
                         &self.ctx.cfg.group,
@@ -201,7 +258,8 @@ impl StreamConsumer {
             let (entries, claimed) = match read {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(stream = %self.stream, error = %e, "stream read failed");
+                    tracing::warn!(stream = %self.stream, cluster = %self.cluster, error = %e,
+                        "stream read failed");
                     let d = self.backoff.next_delay();
                     if !pause(d, &shutdown).await {
                         break;
@@ -214,16 +272,15 @@ impl StreamConsumer {
                     continue; // now read the new entries
                 }
                 if lag_stale {
-                    if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
+                    if let Ok(n) = self.redis.stream_len(&self.stream).await {
                         lag.set(n as i64);
                         lag_stale = false;
                     }
                 }
-                let woken_only = self.ctx.cfg.keyspace_events && self.ctx.wakes.listening();
+                let woken_only = self.ctx.cfg.keyspace_events && self.wakes.listening();
                 if woken_only && !clean {
                     clean = matches!(
-                        self.ctx
-                            .redis
+                        self.redis
                             .pending_count(&self.stream, &self.ctx.cfg.group)
                             .await,
                         Ok(0)
@@ -256,7 +313,7 @@ impl StreamConsumer {
             lag_stale = true;
             if last_lag.elapsed() >= Duration::from_secs(1) {
                 last_lag = Instant::now();
-                if let Ok(n) = self.ctx.redis.stream_len(&self.stream).await {
+                if let Ok(n) = self.redis.stream_len(&self.stream).await {
                     lag.set(n as i64);
                 }
             }
@@ -346,7 +403,6 @@ impl StreamConsumer {
         }
         loop {
             match self
-                .ctx
                 .redis
                 .ack_and_delete(&self.stream, &self.ctx.cfg.group, &ack)
                 .await
@@ -389,7 +445,6 @@ impl StreamConsumer {
             .map(|e| e.id.as_str())
             .max_by(|a, b| cmp_ids(a, b))?;
         let counts = match self
-            .ctx
             .redis
             .deliveries(
                 &self.stream,
@@ -441,9 +496,10 @@ impl StreamConsumer {
                 tracing::warn!(stream = %self.stream, error = %err, "cannot record dead letter");
                 return None;
             }
+            // `sk:dlq` is on the default cluster; while that one is down the entry stays
+            // pending and is tried again at the next claim pass.
             if let Err(err) = self
-                .ctx
-                .redis
+                .dlq
                 .push_dead_letter(
                     &self.stream,
                     &e.id,
@@ -457,7 +513,6 @@ impl StreamConsumer {
                 return None;
             }
             if let Err(err) = self
-                .ctx
                 .redis
                 .ack_and_delete(
                     &self.stream,

@@ -34,6 +34,10 @@ pub enum Error {
     /// Redis failed.
     #[error("redis: {0}")]
     Redis(#[from] fred::error::Error),
+    /// The activity is placed on a Redis cluster this orderd has no
+    /// `[redis.clusters.<name>]` for.
+    #[error("activity {activity} is on Redis cluster `{cluster}`, which is not configured here")]
+    UnknownCluster { activity: u64, cluster: String },
     /// A bug or an impossible state.
     #[error("internal: {0}")]
     Internal(String),
@@ -67,6 +71,10 @@ impl From<Error> for tonic::Status {
             Error::Redis(err) => {
                 tracing::warn!(error = %err, "redis error answered as UNAVAILABLE");
                 tonic::Status::unavailable("redis is unavailable; retry")
+            }
+            Error::UnknownCluster { .. } => {
+                tracing::warn!(error = %e, "answered as UNAVAILABLE");
+                tonic::Status::unavailable("the activity's stock is not reachable from here; retry")
             }
             Error::Internal(msg) => {
                 tracing::error!(%msg, "internal error");

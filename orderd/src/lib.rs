@@ -7,7 +7,9 @@
 //!   dead letters, back-off).
 //! - [`db`]: every MySQL statement, each transition in one transaction (`db/`: intake,
 //!   transitions, outbox, dead letters).
-//! - [`redis`]: the cluster client, stream commands, the release script.
+//! - [`clusters`]: one Redis client per configured cluster (the default and each
+//!   `[redis.clusters.<name>]`) and which cluster each activity is placed on.
+//! - [`redis`]: a cluster client, stream commands, the release script.
 //! - [`orders`]: the OrderService operations; [`service`]: their gRPC face.
 //! - [`background`]: timeout sweep, stock-return outbox relay, gauges.
 //! - [`payment`]: the provider callback's HMAC and freshness check.
@@ -16,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod background;
+pub mod clusters;
 pub mod config;
 pub mod consumer;
 pub mod db;
@@ -63,49 +66,57 @@ pub async fn run_with_metrics(
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let db = db::Db::connect_lazy(&config.mysql).context("mysql.url")?;
-    let redis = redis::Redis::connect(&config.redis)
-        .await
-        .context("connect to Redis Cluster (redis.nodes)")?;
+    // Every cluster connects in the background: one that is down (the default one
+    // included) holds up only the activities placed on it.
+    let clusters = clusters::Clusters::start(&config.redis).context("redis")?;
 
     let mut loops = tokio::task::JoinSet::new();
     let ctx = consumer::Ctx {
         db: db.clone(),
-        redis: redis.clone(),
+        clusters: clusters.clone(),
         cfg: config.consumer.clone(),
         consumer: config.consumer_name(),
         pay_timeout: config.payment_timeout(),
         metrics: metrics.clone(),
         errors: Arc::new(Mutex::new(Default::default())),
-        wakes: wake::Wakes::default(),
     };
-    if config.consumer.keyspace_events {
-        loops.spawn(wake::listen(
-            redis.client().clone(),
-            config.redis.clone(),
-            ctx.wakes.clone(),
-            Duration::from_millis(config.consumer.discovery_interval_ms),
+    // Per cluster: its connection report, its wake-ups and its outbox relay.
+    for cluster in clusters.all() {
+        loops.spawn(clusters::report_connection(
+            cluster.clone(),
+            Duration::from_millis(config.redis.connect_timeout_ms),
             shutdown.clone(),
         ));
-        loops.spawn(wake::sweep(
-            ctx.wakes.clone(),
-            Duration::from_millis(config.consumer.clean_sweep_ms),
+        if config.consumer.keyspace_events {
+            loops.spawn(wake::listen(
+                cluster.redis.client().clone(),
+                config.redis.clone(),
+                cluster.wakes.clone(),
+                Duration::from_millis(config.consumer.discovery_interval_ms),
+                shutdown.clone(),
+            ));
+            loops.spawn(wake::sweep(
+                cluster.wakes.clone(),
+                Duration::from_millis(config.consumer.clean_sweep_ms),
+                shutdown.clone(),
+            ));
+        }
+        loops.spawn(background::outbox_relay(
+            db.clone(),
+            cluster.clone(),
+            metrics.clone(),
+            Duration::from_millis(config.outbox.relay_interval_ms),
+            config.outbox.relay_batch,
             shutdown.clone(),
         ));
     }
-    tracing::info!(consumer = %ctx.consumer, group = %ctx.cfg.group, "orderd starting");
+    tracing::info!(consumer = %ctx.consumer, group = %ctx.cfg.group,
+        clusters = ?clusters.all().map(|c| c.name.as_str()).collect::<Vec<_>>(), "orderd starting");
     loops.spawn(consumer::discover(ctx, shutdown.clone()));
     loops.spawn(background::timeout_sweep(
         db.clone(),
         metrics.clone(),
         Duration::from_millis(config.payment.sweep_interval_ms),
-        shutdown.clone(),
-    ));
-    loops.spawn(background::outbox_relay(
-        db.clone(),
-        redis.clone(),
-        metrics.clone(),
-        Duration::from_millis(config.outbox.relay_interval_ms),
-        config.outbox.relay_batch,
         shutdown.clone(),
     ));
     loops.spawn(background::stats(
@@ -123,7 +134,7 @@ pub async fn run_with_metrics(
 
     let orders = orders::Orders {
         db: db.clone(),
-        redis: redis.clone(),
+        clusters: clusters.clone(),
         config: config.clone(),
     };
     let svc = service::OrderSvc::new(orders, shutdown.clone());
@@ -148,7 +159,7 @@ pub async fn run_with_metrics(
         while loops.join_next().await.is_some() {}
     })
     .await;
-    redis.quit().await;
+    clusters.quit().await;
     db.pool().close().await;
     served.context("gRPC server")?;
     tracing::info!("orderd stopped");

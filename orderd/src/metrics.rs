@@ -10,6 +10,8 @@
 //! - `orderd_batch_failures_total`: failed batches (each followed by a back-off).
 //! - `orderd_stock_returns_total{outcome}`: outbox rows relayed to Redis.
 //! - `orderd_timeouts_total`: orders cancelled by the payment timeout.
+//! - `orderd_unknown_cluster_activities`: published activities placed on a Redis cluster
+//!   this orderd is not configured with (their streams are not consumed).
 
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -29,6 +31,7 @@ pub struct Metrics {
     pub batch_failures: IntCounter,
     pub stock_returns: IntCounterVec,
     pub timeouts: IntCounter,
+    pub unknown_cluster_activities: IntGauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -108,6 +111,12 @@ impl Metrics {
             "Orders cancelled because the payment deadline passed",
         )
         .expect("valid metric");
+        let unknown_cluster_activities = IntGauge::new(
+            "orderd_unknown_cluster_activities",
+            "Published activities on a Redis cluster this orderd is not configured with; \
+             their streams are not consumed",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(stream_lag.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(orders_by_state.clone()),
@@ -119,6 +128,7 @@ impl Metrics {
             Box::new(batch_failures.clone()),
             Box::new(stock_returns.clone()),
             Box::new(timeouts.clone()),
+            Box::new(unknown_cluster_activities.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -134,6 +144,7 @@ impl Metrics {
             batch_failures,
             stock_returns,
             timeouts,
+            unknown_cluster_activities,
         }
     }
 }

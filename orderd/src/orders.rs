@@ -1,5 +1,7 @@
 //! The order operations behind OrderService, with their inputs already parsed:
-//! lookups (QUEUED from Redis when MySQL has no row yet), pay, cancel, the provider
+//! lookups (QUEUED from the activity's Redis cluster when MySQL has no row yet; the
+//! only Redis read here), pay, cancel (MySQL only: the unit goes back through the
+//! outbox relay of the activity's cluster), the provider
 //! callback and dead-letter replay. [`crate::service`] only converts to and from the
 //! wire types.
 
@@ -9,12 +11,12 @@ use std::sync::Arc;
 use seckill_lua::ReservationId;
 use seckill_proto::pb;
 
+use crate::clusters::Clusters;
 use crate::config::Config;
 use crate::db::{Db, Written};
 use crate::error::{Error, Result};
 use crate::model::{Change, OrderRow, Reservation};
 use crate::payment;
-use crate::redis::Redis;
 
 /// What `GetOrder` finds.
 #[derive(Debug, Clone)]
@@ -67,7 +69,8 @@ pub struct Replay {
 #[derive(Clone, Debug)]
 pub struct Orders {
     pub db: Db,
-    pub redis: Redis,
+    /// Every Redis cluster; a lookup goes to its activity's.
+    pub clusters: Clusters,
     pub config: Arc<Config>,
 }
 
@@ -87,6 +90,9 @@ impl Orders {
             return Err(Error::NotFound("order"));
         };
         let held = self
+            .clusters
+            .for_activity(&self.db, rid.activity)
+            .await?
             .redis
             .buyer_reservation(rid.activity, rid.shard, rid.item, user)
             .await?;

@@ -1,12 +1,14 @@
-//! orderd's Redis side: the cluster client, the consumer-group stream commands, and
+//! orderd's Redis side: a cluster client, the consumer-group stream commands, and
 //! the release script the stock-return relay calls.
 //!
 //! Reads never use `BLOCK`: fred multiplexes every command to a node over one
 //! connection, and a blocked `XREADGROUP` would stall the other streams of that node.
 //! Consumers poll instead (see `consumer.block_ms`).
 //!
-//! Dead letters are appended to the stream [`DLQ_STREAM`] (`sk:dlq`), next to the
-//! `dead_letters` table, so operators can tail them without MySQL.
+//! One [`Redis`] per configured cluster ([`crate::clusters`]); a handle knows nothing of
+//! placement, its caller picks the cluster. Dead letters are appended to the stream
+//! [`DLQ_STREAM`] (`sk:dlq`) on the default cluster, next to the `dead_letters` table, so
+//! operators can tail them without MySQL.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -50,22 +52,30 @@ impl std::fmt::Debug for Redis {
 }
 
 impl Redis {
-    /// Connects to the cluster (retrying forever in the background after the first
-    /// connection). Scripts are called by SHA, reloaded on `NOSCRIPT`.
-    pub async fn connect(cfg: &RedisConfig) -> Result<Self> {
+    /// A client for the cluster reached through `nodes`, with `cfg`'s deadlines, that
+    /// connects in the background: this returns at once, the first connection is tried
+    /// (and retried forever, exponential back-off capped at 2 s) like every later
+    /// reconnection, and commands sent before it exists fail after `cfg.timeout_ms`. So
+    /// a cluster that is down when orderd starts neither stops it nor delays the other
+    /// clusters ([`crate::clusters`]). Scripts are called by SHA, loaded on this
+    /// cluster on `NOSCRIPT`. Needs a Tokio runtime (it spawns the connection task).
+    pub fn start(nodes: &[String], cfg: &RedisConfig) -> Result<Self> {
         // Stream reads, acks and claims are idempotent; a lost connection retries them.
         let retries = Retries {
             command_attempts: 3,
             reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
         };
-        let client = seckill_daemon::redis::builder(
-            &cfg.nodes,
+        let mut builder = seckill_daemon::redis::builder(
+            nodes,
             Duration::from_millis(cfg.timeout_ms),
             Duration::from_millis(cfg.connect_timeout_ms),
             retries,
-        )
-        .build()?;
-        client.init().await?;
+        );
+        // The reconnect policy applies to the first connection too.
+        builder.with_config(|c| c.fail_fast = false);
+        let client = builder.build()?;
+        // The task drives the connections until `quit`; it is not awaited.
+        drop(client.connect());
         Ok(Self {
             client,
             scripts: Scripts::new(),
@@ -264,7 +274,6 @@ impl Redis {
         Ok(())
     }
 
-    /// Entries in the stream (the backlog: written entries are deleted).
     /// How many entries of `stream` are delivered to some consumer of `group` and not
     /// acknowledged (the `XPENDING` summary's count).
     pub async fn pending_count(&self, stream: &str, group: &str) -> Result<u64> {
@@ -276,6 +285,7 @@ impl Redis {
             .unwrap_or(0))
     }
 
+    /// Entries in the stream (the backlog: written entries are deleted).
     pub async fn stream_len(&self, stream: &str) -> Result<u64> {
         Ok(self.client.xlen(stream).await?)
     }

@@ -20,6 +20,10 @@
 //! Every consumer is woken at once when a subscription is (re)established or the set
 //! of primaries changes (failover): entries appended while nobody listened are read
 //! then. A wake-up that finds nothing costs one empty read.
+//!
+//! All of this is per Redis cluster ([`crate::clusters`]): each configured cluster has
+//! its own [`Wakes`] (the consumers of its streams), [`listen`] and [`sweep`], so a
+//! cluster whose subscriptions are down makes only its own consumers poll.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +48,8 @@ pub struct Wakes {
     /// True while every known primary has a live subscription: idle consumers then
     /// wait for a wake-up instead of polling.
     listening: Arc<AtomicBool>,
+    /// The Redis cluster these streams are on, for the logs.
+    cluster: Arc<str>,
 }
 
 /// The handles by stream, and in registration order for the sweep.
@@ -56,6 +62,14 @@ struct Registry {
 }
 
 impl Wakes {
+    /// The wake-ups of the consumers of `cluster`'s streams.
+    pub fn for_cluster(cluster: &str) -> Self {
+        Self {
+            cluster: cluster.into(),
+            ..Self::default()
+        }
+    }
+
     /// The handle of `stream`'s consumer (made on first use).
     pub fn register(&self, stream: &str) -> Arc<Notify> {
         let mut reg = self.streams.write().unwrap_or_else(|p| p.into_inner());
@@ -118,7 +132,7 @@ impl Wakes {
 
     fn set_listening(&self, on: bool) {
         if self.listening.swap(on, Ordering::AcqRel) != on {
-            tracing::info!(listening = on, "stream wake-ups");
+            tracing::info!(cluster = %self.cluster, listening = on, "stream wake-ups");
             // Switching either way: everyone re-reads once (entries appended while
             // nobody listened, or pollers resuming).
             self.wake_all();

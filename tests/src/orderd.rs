@@ -1,7 +1,8 @@
 //! orderd for tests: in-process on port 0 ([`spawn_orderd`], [`spawn_orderd`]) or
 //! as a child process ([`spawn_orderd_process`], for kill -9), plus seeding helpers
 //! that need no stockd: an activity and its items in MySQL, warmed into Redis with
-//! the real WARM script ([`seed_activity`]), and reservations made with the real
+//! the real WARM script ([`seed_activity`]; on a named cluster, [`seed_activity_on`]),
+//! and reservations made with the real
 //! RESERVE script ([`reserve_direct`]).
 
 use std::net::SocketAddr;
@@ -231,15 +232,31 @@ pub async fn seed_activity(
     shards: u32,
     items: &[(u32, i64)],
 ) -> Seeded {
+    seed_activity_on(redis, redis, "", db, shards, items).await
+}
+
+/// [`seed_activity`] for an activity placed on the Redis cluster `redis_cluster`
+/// (`activities.redis_cluster`, and the meta field `cluster` when not the default):
+/// the shards are warmed on `stock` (that cluster), the meta hash and the activity set
+/// written on `default` (the default cluster), as the contract places them.
+pub async fn seed_activity_on(
+    default: &Client,
+    stock: &Client,
+    redis_cluster: &str,
+    db: &TestDb,
+    shards: u32,
+    items: &[(u32, i64)],
+) -> Seeded {
     let pool = db.pool();
     let now = chrono_now_ms();
     let activity: u64 = sqlx::query(
-        "INSERT INTO activities (title, start_at, end_at, shard_count, status, published_at) \
-         VALUES ('test sale', FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, 'PUBLISHED', NOW(3))",
+        "INSERT INTO activities (title, start_at, end_at, shard_count, status, published_at, redis_cluster) \
+         VALUES ('test sale', FROM_UNIXTIME(? / 1000), FROM_UNIXTIME(? / 1000), ?, 'PUBLISHED', NOW(3), ?)",
     )
     .bind(now - 3_600_000)
     .bind(now + 3_600_000)
     .bind(shards)
+    .bind(redis_cluster)
     .execute(pool)
     .await
     .expect("insert activity")
@@ -272,7 +289,7 @@ pub async fn seed_activity(
         for (n, id) in ids.iter().enumerate() {
             warm.push(*id, splits[n][i as usize]);
         }
-        crate::redis::call(redis, warm).await;
+        crate::redis::call(stock, warm).await;
     }
     let mut meta: Vec<(String, String)> = vec![
         (keys::meta::TITLE.into(), "test sale".into()),
@@ -299,8 +316,14 @@ pub async fn seed_activity(
             format!("item {n}"),
         ));
     }
-    let _: Value = redis.hset(keys::meta(activity), meta).await.expect("meta");
-    let _: Value = redis
+    if !redis_cluster.is_empty() {
+        meta.push((keys::meta::CLUSTER.into(), redis_cluster.into()));
+    }
+    let _: Value = default
+        .hset(keys::meta(activity), meta)
+        .await
+        .expect("meta");
+    let _: Value = default
         .sadd(keys::ACTIVITIES, activity.to_string())
         .await
         .expect("activities set");

@@ -8,9 +8,10 @@
 //!   cancel serialize and the loser sees the winner's state; [`Db::expire_due`]: the
 //!   timeout sweep (`FOR UPDATE SKIP LOCKED`, so two orderd processes never cancel the
 //!   same order twice).
-//! - [`outbox`]: the stock-return outbox the relay drains.
+//! - [`outbox`]: the stock-return outbox the relays drain (one per Redis cluster).
 //! - [`dead_letters`]: entries that kept failing.
-//! - here: the pool, and the reads (one order, a user's orders, counts by state).
+//! - here: the pool, and the reads (published activities and their Redis cluster, one
+//!   order, a user's orders, counts by state).
 //!
 //! Times are UTC `DATETIME(3)` values computed here, never the server's `NOW()`.
 
@@ -30,7 +31,7 @@ use crate::model::{OrderRow, ORDER_COLUMNS};
 
 pub use dead_letters::DeadLetterRow;
 pub use intake::{ALREADY_HOLDS, SOLD_OUT_AFTER_ALL};
-pub use outbox::OutboxRow;
+pub use outbox::{OnCluster, OutboxRow};
 
 /// What became of one stream entry in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,17 @@ pub enum Written {
     /// The entry cannot become an order as things stand (unknown item); retried
     /// until it is dead-lettered.
     Poison(String),
+}
+
+/// A published activity as discovery sees it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct PublishedActivity {
+    pub id: u64,
+    #[sqlx(rename = "shard_count")]
+    pub shards: u32,
+    /// The Redis cluster its stock lives on: `""` or `"default"` for the default one
+    /// (`seckill_daemon::config::named_cluster`), else a `[redis.clusters.<name>]`.
+    pub redis_cluster: String,
 }
 
 /// The pool; cheap to clone.
@@ -73,14 +85,25 @@ impl Db {
         &self.pool
     }
 
-    /// `(activity id, shard count)` of every published activity.
-    pub async fn published_activities(&self) -> Result<Vec<(u64, u32)>> {
-        let rows = sqlx::query_as::<_, (u64, u32)>(
-            "SELECT id, shard_count FROM activities WHERE status = 'PUBLISHED'",
+    /// Every published activity: id, shard count and the Redis cluster it is placed on.
+    pub async fn published_activities(&self) -> Result<Vec<PublishedActivity>> {
+        let rows = sqlx::query_as::<_, PublishedActivity>(
+            "SELECT id, shard_count, redis_cluster FROM activities WHERE status = 'PUBLISHED'",
         )
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
+    }
+
+    /// The `redis_cluster` of activity `a` (any status); `None` when MySQL has no such
+    /// activity.
+    pub async fn activity_cluster(&self, a: u64) -> Result<Option<String>> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT redis_cluster FROM activities WHERE id = ?")
+                .bind(a)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(c,)| c))
     }
 
     /// One order.

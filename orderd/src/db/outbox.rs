@@ -17,16 +17,49 @@ pub struct OutboxRow {
     pub reason: String,
 }
 
+/// Whose outbox rows one relay loop takes: those of the activities placed on one Redis
+/// cluster (by `activities.redis_cluster`), so a cluster that is down holds up only its
+/// own returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnCluster {
+    /// The default cluster: `redis_cluster` `''` or `'default'`, and rows whose activity
+    /// MySQL does not know.
+    Default,
+    /// The named cluster `[redis.clusters.<name>]`.
+    Named(String),
+}
+
 impl Db {
-    /// Outbox rows not yet relayed, oldest first.
-    pub async fn pending_returns(&self, limit: u32) -> Result<Vec<OutboxRow>> {
-        Ok(sqlx::query_as::<_, OutboxRow>(
-            "SELECT id, order_id, activity_id, item_id, user_id, reason FROM stock_return_outbox \
-             WHERE done_at IS NULL ORDER BY id LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+    /// Outbox rows not yet relayed of the activities on `cluster`, oldest first. Rows of
+    /// an activity on a cluster this orderd is not configured with are nobody's: they
+    /// wait (discovery warns about the activity).
+    pub async fn pending_returns(&self, cluster: &OnCluster, limit: u32) -> Result<Vec<OutboxRow>> {
+        let rows = match cluster {
+            OnCluster::Default => {
+                sqlx::query_as::<_, OutboxRow>(
+                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason \
+                     FROM stock_return_outbox o LEFT JOIN activities a ON a.id = o.activity_id \
+                     WHERE o.done_at IS NULL AND COALESCE(a.redis_cluster, '') IN ('', 'default') \
+                     ORDER BY o.id LIMIT ?",
+                )
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+            OnCluster::Named(name) => {
+                sqlx::query_as::<_, OutboxRow>(
+                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason \
+                     FROM stock_return_outbox o JOIN activities a ON a.id = o.activity_id \
+                     WHERE o.done_at IS NULL AND a.redis_cluster = ? \
+                     ORDER BY o.id LIMIT ?",
+                )
+                .bind(name)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        Ok(rows)
     }
 
     pub async fn mark_returned(&self, id: u64) -> Result<()> {
