@@ -361,6 +361,7 @@ mod tests {
                 total: 1,
             }],
             challenge_bits: None,
+            cluster: None,
         }]);
         sh.catalog
             .set_holders(1, 7, [Box::from("alice")].into_iter().collect());

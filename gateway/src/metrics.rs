@@ -25,6 +25,11 @@ pub struct Metrics {
     pub fleet_fallback: IntGauge,
     /// Failed reconciliations of the fleet-shared budgets with Redis.
     pub fleet_sync_errors: IntCounter,
+    /// Failed stock reads, by Redis Cluster (`default` or the `[redis.clusters]` name).
+    stock_poll_errors: IntCounterVec,
+    /// Published activities placed on a Redis Cluster this gateway is not configured
+    /// with (no sold-out short-circuit for them).
+    pub activities_on_unknown_cluster: IntGauge,
 }
 
 const N_OUT: usize = Outcome::ALL.len();
@@ -108,8 +113,25 @@ impl Metrics {
             "Failed reconciliations of the fleet-shared budgets with Redis",
         )
         .expect("metric");
+        let stock_poll_errors = IntCounterVec::new(
+            Opts::new(
+                "gateway_stock_poll_errors_total",
+                "Failed reads of shard stock and buyers, by Redis Cluster (default or a \
+                 [redis.clusters] name); each also counts in gateway_feed_errors_total",
+            ),
+            &["cluster"],
+        )
+        .expect("metric");
+        let activities_on_unknown_cluster = IntGauge::new(
+            "gateway_activities_on_unknown_cluster",
+            "Published activities whose redis_cluster names a cluster missing from \
+             [redis.clusters]: no sold-out short-circuit for them, stockd answers",
+        )
+        .expect("metric");
         for c in [
             Box::new(fleet_fallback.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(stock_poll_errors.clone()),
+            Box::new(activities_on_unknown_cluster.clone()),
             Box::new(fleet_sync_errors.clone()),
             Box::new(decisions_vec.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency_vec.clone()),
@@ -146,7 +168,16 @@ impl Metrics {
             catalog_refresh_errors,
             fleet_fallback,
             fleet_sync_errors,
+            stock_poll_errors,
+            activities_on_unknown_cluster,
         }
+    }
+
+    /// The stock-read error counter of one cluster (`None`: the default one); resolved
+    /// once by its feed.
+    pub fn stock_poll_errors(&self, cluster: Option<&str>) -> IntCounter {
+        self.stock_poll_errors
+            .with_label_values(&[cluster.unwrap_or(seckill_daemon::config::DEFAULT_CLUSTER)])
     }
 
     pub fn decision(&self, route: RouteClass, outcome: Outcome, seconds: f64) {

@@ -13,6 +13,11 @@
 //! at once ([`Catalog::report_sold_out`]). So every edge of a fleet turns an item sold
 //! out with the same holders, read from the same hashes, refreshed on every poll.
 //!
+//! Those keys live on the activity's Redis Cluster ([`Activity::cluster`]): the
+//! default one or a named one. Each cluster has its own read, asked for through its
+//! own [`Notify`] ([`Catalog::stock_reads`]), so a report about an activity wakes the
+//! read of the cluster that holds its stock, and no other.
+//!
 //! A `reserve` of a sold-out item is answered 410 before authentication
 //! (`filters::SoldOutEarly`, and the fast lane), unless the bearer token's unverified
 //! `sub` holds a unit: that request goes on to be authenticated and to stockd, which
@@ -145,6 +150,9 @@ pub struct Activity {
     /// Proof-of-work bits per sub-puzzle (`keys::meta::CHALLENGE_BITS`; 0 = off,
     /// `None` = the meta predates the field: `challenge.default_bits`).
     pub challenge_bits: Option<u32>,
+    /// The named Redis Cluster holding its stock, buyers and sold-out flags
+    /// (`keys::meta::CLUSTER`); `None`: the default cluster.
+    pub cluster: Option<String>,
 }
 
 impl Activity {
@@ -197,6 +205,8 @@ pub struct Meta {
     pub items: Vec<ItemMeta>,
     /// See [`Activity::challenge_bits`].
     pub challenge_bits: Option<u32>,
+    /// See [`Activity::cluster`] (absent, `""` and `"default"`: `None`).
+    pub cluster: Option<String>,
 }
 
 /// One item of a [`Meta`].
@@ -249,6 +259,10 @@ impl Meta {
             version: num(f::VERSION).unwrap_or(0).max(0) as u64,
             items,
             challenge_bits: num(f::CHALLENGE_BITS).map(|b| b.clamp(0, 32) as u32),
+            cluster: fields
+                .get(f::CLUSTER)
+                .and_then(|c| seckill_daemon::config::named_cluster(c.trim()))
+                .map(str::to_owned),
         })
     }
 }
@@ -258,9 +272,10 @@ impl Meta {
 pub struct Catalog {
     current: RwLock<Arc<HashMap<u64, Arc<Activity>>>>,
     loaded: AtomicBool,
-    /// Woken when a feed reports an item sold out: the stock and holders are read now
-    /// rather than at the next poll.
-    read_now: Notify,
+    /// Per cluster (`None`: the default one), woken when a feed reports an item of an
+    /// activity placed there sold out: that cluster's stock and holders are read now
+    /// rather than at the next poll. Made by [`Self::stock_reads`].
+    read_now: RwLock<HashMap<Option<String>, Arc<Notify>>>,
 }
 
 impl Catalog {
@@ -289,7 +304,8 @@ impl Catalog {
         let old = self.all();
         let mut next = HashMap::with_capacity(metas.len());
         for m in metas {
-            let prev = old.get(&m.id);
+            // Moved to another cluster: what was read on the old one says nothing.
+            let prev = old.get(&m.id).filter(|p| p.cluster == m.cluster);
             let items = m
                 .items
                 .iter()
@@ -324,6 +340,7 @@ impl Catalog {
                     version: m.version,
                     items,
                     challenge_bits: m.challenge_bits,
+                    cluster: m.cluster,
                 }),
             );
         }
@@ -341,19 +358,62 @@ impl Catalog {
     /// ([`Self::set_holders`]), so that a holder's resend is never refused meanwhile.
     /// On sale: the flag and the holders are dropped at once.
     pub fn report_sold_out(&self, a: u64, s: u64, sold_out: bool) {
-        if let Some(item) = self.live(a, s) {
+        let Some(act) = self.get(a) else { return };
+        if let Some(item) = act.item(s) {
             if sold_out {
                 item.remaining.store(0, Ordering::Relaxed);
-                self.read_now.notify_one();
+                self.want_read(act.cluster.as_deref());
             } else {
                 item.clear();
             }
         }
     }
 
-    /// Resolves when a feed has asked for an immediate read of stock and holders.
-    pub async fn read_wanted(&self) {
-        self.read_now.notified().await
+    /// What asks `cluster`'s feed (`None`: the default cluster's) for an immediate read
+    /// of stock and holders: it waits on `notified()`. Made on first call; a report
+    /// about an activity on a cluster nobody called this for (one the gateway is not
+    /// configured with) asks nothing.
+    pub fn stock_reads(&self, cluster: Option<&str>) -> Arc<Notify> {
+        let key = cluster.map(str::to_owned);
+        if let Some(n) = self
+            .read_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return n.clone();
+        }
+        self.read_now
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default()
+            .clone()
+    }
+
+    /// Asks `cluster`'s feed for a read now (a permit is kept when it is busy).
+    fn want_read(&self, cluster: Option<&str>) {
+        let key = cluster.map(str::to_owned);
+        if let Some(n) = self
+            .read_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            n.notify_one();
+        }
+    }
+
+    /// Asks every cluster's feed for a read now (after a catalog refresh).
+    pub fn want_all_reads(&self) {
+        for n in self
+            .read_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            n.notify_one();
+        }
     }
 
     /// Records a read of every shard of an item with units left: on sale.
@@ -401,6 +461,7 @@ mod tests {
                 })
                 .collect(),
             challenge_bits: None,
+            cluster: None,
         }
     }
 
@@ -445,6 +506,15 @@ mod tests {
         assert_eq!(m.challenge_bits, None);
         f.insert("challenge_bits".into(), "14".into());
         assert_eq!(Meta::parse(1, &f).unwrap().challenge_bits, Some(14));
+        assert_eq!(m.cluster, None, "no field: the default cluster");
+        for (v, want) in [("", None), ("default", None), ("hot", Some("hot"))] {
+            f.insert("cluster".into(), v.into());
+            assert_eq!(
+                Meta::parse(1, &f).unwrap().cluster.as_deref(),
+                want,
+                "{v:?}"
+            );
+        }
         f.remove("start_ms");
         assert!(Meta::parse(1, &f).is_none());
     }
@@ -505,6 +575,7 @@ mod tests {
     #[test]
     fn a_reported_sell_out_waits_for_the_holders_and_asks_for_a_read() {
         let c = Catalog::default();
+        let reads = c.stock_reads(None);
         c.replace(vec![meta(1, &[(7, 2)])]);
         let item = c.get(1).unwrap().item(7).cloned().unwrap();
         c.report_sold_out(1, 7, true);
@@ -513,12 +584,53 @@ mod tests {
         // The permit is stored: the feeds' next wait returns at once.
         use futures::FutureExt as _;
         assert!(
-            c.read_wanted().now_or_never().is_some(),
+            reads.notified().now_or_never().is_some(),
             "a read was asked for"
         );
         assert!(
-            c.read_wanted().now_or_never().is_none(),
+            reads.notified().now_or_never().is_none(),
             "one read per report"
         );
+    }
+
+    #[test]
+    fn a_report_asks_the_read_of_the_cluster_holding_the_activity_and_no_other() {
+        use futures::FutureExt as _;
+        let c = Catalog::default();
+        let (default, hot) = (c.stock_reads(None), c.stock_reads(Some("hot")));
+        let mut on_hot = meta(2, &[(8, 2)]);
+        on_hot.cluster = Some("hot".into());
+        let mut nowhere = meta(3, &[(9, 2)]);
+        nowhere.cluster = Some("cold".into());
+        c.replace(vec![meta(1, &[(7, 2)]), on_hot, nowhere]);
+        c.report_sold_out(2, 8, true);
+        assert!(hot.notified().now_or_never().is_some());
+        assert!(default.notified().now_or_never().is_none());
+        c.report_sold_out(1, 7, true);
+        assert!(default.notified().now_or_never().is_some());
+        assert!(hot.notified().now_or_never().is_none());
+        // A cluster the gateway does not know: nobody reads it, nobody is woken.
+        c.report_sold_out(3, 9, true);
+        assert!(default.notified().now_or_never().is_none());
+        assert!(hot.notified().now_or_never().is_none());
+        c.want_all_reads();
+        assert!(default.notified().now_or_never().is_some());
+        assert!(hot.notified().now_or_never().is_some());
+    }
+
+    #[test]
+    fn an_activity_moved_to_another_cluster_forgets_what_the_old_one_said() {
+        let c = Catalog::default();
+        c.replace(vec![meta(1, &[(7, 2)])]);
+        c.set_holders(1, 7, holders(&["alice"]));
+        let mut moved = meta(1, &[(7, 2)]);
+        moved.cluster = Some("hot".into());
+        c.replace(vec![moved.clone()]);
+        let item = c.get(1).unwrap().item(7).cloned().unwrap();
+        assert!(!item.sold_out_for(None));
+        assert_eq!(item.remaining.load(Ordering::Relaxed), -1);
+        c.set_holders(1, 7, holders(&[]));
+        c.replace(vec![moved]);
+        assert!(c.get(1).unwrap().item(7).unwrap().sold_out_for(None));
     }
 }

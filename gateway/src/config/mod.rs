@@ -1,7 +1,9 @@
 //! The gateway's TOML config (`deploy/local/gateway.toml`, env prefix `GATEWAY`).
 //!
 //! Sections: `[server]` listeners, threads and upgrade files; `[redis]` the cluster that
-//! feeds activities, sold-out flags and bans; `[upstreams]` stockd/orderd and deadlines;
+//! feeds activities, sold-out flags and bans, and `[redis.clusters.<name>]` the named
+//! clusters holding the stock of the activities placed on them; `[upstreams]`
+//! stockd/orderd and deadlines;
 //! `[auth]` JWT and purchase tokens; `[limits]` token buckets; `[bans]` CIDR lists,
 //! trusted proxies, auto-ban; `[admission]` the in-flight cap; `[protection]` header,
 //! body and read-deadline limits; `[dev]` the dev-only token endpoint.

@@ -122,13 +122,23 @@ impl Default for Server {
     }
 }
 
-/// The Redis Cluster that feeds activities, sold-out flags and bans. The gateway never
+/// The Redis Cluster that feeds activities, sold-out flags and bans, and the named
+/// clusters that hold the stock of the activities placed on them. The gateway never
 /// touches Redis on the request path.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Redis {
-    /// Seed nodes `host:port` (any subset of the cluster). Required.
+    /// Seed nodes `host:port` (any subset of the cluster) of the default cluster: the
+    /// fleet's control plane (catalog, bans, rooms, challenges, fleet budgets) and the
+    /// stock of every activity not placed elsewhere. Required.
     pub nodes: Vec<String>,
+    /// Named clusters (`[redis.clusters.<name>]`, each with its own `nodes`) an
+    /// activity's `redis_cluster` can place its stock on (shard stock, buyers, sold-out
+    /// flags and messages): the gateway reads that stock there. Every other `[redis]`
+    /// setting applies to them too. An activity naming a cluster missing here gets no
+    /// sold-out short-circuit (stockd answers its requests). Default: none.
+    #[serde(default)]
+    pub clusters: seckill_daemon::config::NamedClusters,
     /// True for Redis Cluster, false for a single server (first node). Default true.
     #[serde(default = "yes")]
     pub cluster: bool,

@@ -2,7 +2,7 @@
 //! between fields, addresses, URLs, CIDRs, key files. Each error names its field.
 
 use ipnet::IpNet;
-use seckill_daemon::config::{ensure, ensure_range, FieldError, Validate};
+use seckill_daemon::config::{ensure, ensure_clusters, ensure_range, FieldError, Validate};
 
 use super::tls::check_tls_files;
 use super::*;
@@ -202,6 +202,7 @@ impl Validate for Config {
         for (i, n) in r.nodes.iter().enumerate() {
             check_addr(n, &format!("redis.nodes[{i}]"))?;
         }
+        ensure_clusters(&r.clusters, "redis.clusters")?;
         ensure(
             r.refresh_ms >= 50,
             "redis.refresh_ms",
@@ -651,6 +652,40 @@ mod tests {
         ] {
             let e = load(&with(section)).unwrap_err().to_string();
             assert!(e.starts_with(&format!("g.toml: {field}:")), "{e}");
+        }
+    }
+
+    #[test]
+    fn named_redis_clusters_are_read_and_a_bad_one_is_refused_naming_the_field() {
+        let with = |extra: &str| load(&format!("{MINIMAL}{extra}\n"));
+        let c = with("[redis.clusters.hot]\nnodes = [\"10.0.0.9:7001\"]").unwrap();
+        assert_eq!(c.redis.clusters["hot"].nodes, vec!["10.0.0.9:7001"]);
+        assert!(load(MINIMAL).unwrap().redis.clusters.is_empty());
+        for (extra, field) in [
+            (
+                "[redis.clusters.hot]\nnodes = []",
+                "redis.clusters.hot.nodes",
+            ),
+            (
+                "[redis.clusters.hot]\nnodes = [\"nope\"]",
+                "redis.clusters.hot.nodes",
+            ),
+            ("[redis.clusters.hot]", "redis.clusters.hot"),
+            (
+                "[redis.clusters.hot]\nnodes = [\"h:1\"]\ntimeout_ms = 5",
+                "redis.clusters.hot",
+            ),
+            (
+                "[redis.clusters.Hot]\nnodes = [\"h:1\"]",
+                "redis.clusters.Hot",
+            ),
+            (
+                "[redis.clusters.default]\nnodes = [\"h:1\"]",
+                "redis.clusters.default",
+            ),
+        ] {
+            let e = with(extra).unwrap_err().to_string();
+            assert!(e.contains(field), "{extra}: {e}");
         }
     }
 }

@@ -430,6 +430,28 @@ pub fn set(
     }
 }
 
+/// Adds `[redis.clusters.<name>] nodes = [...]` naming every node of `redis`: a named
+/// cluster activities can be placed on (the default cluster stays the one the harness
+/// started the gateway with).
+pub fn named_cluster(config: &mut gateway::toml::Table, name: &str, redis: &RedisCluster) {
+    let mut cluster = gateway::toml::Table::new();
+    cluster.insert(
+        "nodes".into(),
+        gateway::toml::Value::Array(redis.nodes().into_iter().map(Into::into).collect()),
+    );
+    let section = config
+        .entry("redis".to_string())
+        .or_insert_with(|| gateway::toml::Value::Table(Default::default()));
+    if let gateway::toml::Value::Table(section) = section {
+        let clusters = section
+            .entry("clusters".to_string())
+            .or_insert_with(|| gateway::toml::Value::Table(Default::default()));
+        if let gateway::toml::Value::Table(clusters) = clusters {
+            clusters.insert(name.into(), gateway::toml::Value::Table(cluster));
+        }
+    }
+}
+
 /// A `{ rate, burst }` bucket value.
 pub fn bucket(rate: f64, burst: f64) -> gateway::toml::Value {
     let mut t = gateway::toml::Table::new();

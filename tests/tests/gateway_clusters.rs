@@ -1,0 +1,355 @@
+#![cfg(feature = "gateway")]
+//! Hot-item isolation at the edge: an activity placed on a named Redis Cluster
+//! (`[redis.clusters.hot]`) has its stock read there, and its sold-out flags follow that
+//! cluster whatever happens to the default one, and the other way round.
+//!
+//! Two clusters: A (the default: catalog, meta hashes) and B (`hot`). stockd is not
+//! needed (nor running: both upstreams point at a closed port), so a reserve that the
+//! edge does not answer from memory cannot come back 410; the keys are written here as
+//! stockd writes them. Every item has a decoy on the other cluster that says the
+//! opposite, so reading the wrong cluster fails the test.
+
+use fred::prelude::*;
+use seckill_lua::keys;
+use seckill_lua::messages::SoldOut;
+use seckill_tests::gateway::{call, named_cluster, set, spawn_gateway_unready, EdgeDeps};
+use seckill_tests::gateway::{Answer, GatewayHandle};
+use seckill_tests::init_tracing;
+use seckill_tests::process::{free_port, wait_until_async};
+use seckill_tests::redis::ClusterSpec;
+use seckill_tests::RedisCluster;
+use std::time::{Duration, Instant};
+
+/// On B: item 7 sold out, item 77 on sale.
+const HOT: u64 = 101;
+/// On A (the default cluster): item 8 on sale, item 88 sold out.
+const HOME: u64 = 102;
+/// On `cold`, a cluster the gateway is not configured with: item 9.
+const LOST: u64 = 103;
+const SHARDS: u32 = 2;
+
+/// Writes `sk:{a}:meta` on the default cluster as stockd's publish does (an hour-long
+/// open window, `cluster` naming where the stock lives) and adds `a` to the catalog.
+async fn publish(default: &Client, a: u64, cluster: &str, items: &[u64]) {
+    use keys::meta as f;
+    let now = seckill_lua::clock::unix_ms() as i64;
+    let mut meta: Vec<(String, String)> = vec![
+        (f::TITLE.into(), format!("sale {a}")),
+        (f::START_MS.into(), (now - 60_000).to_string()),
+        (f::END_MS.into(), (now + 3_600_000).to_string()),
+        (f::SHARDS.into(), SHARDS.to_string()),
+        (f::VERSION.into(), "1".into()),
+        (f::CLUSTER.into(), cluster.into()),
+        (
+            f::ITEMS.into(),
+            items
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ];
+    for s in items {
+        meta.push((format!("{}{s}", f::ITEM_STOCK), "10".into()));
+        meta.push((format!("{}{s}", f::ITEM_PRICE), "100".into()));
+        meta.push((format!("{}{s}", f::ITEM_TITLE), format!("item {s}")));
+    }
+    let _: () = default.hset(keys::meta(a), meta).await.expect("meta");
+    let _: () = default
+        .sadd(keys::ACTIVITIES, a.to_string())
+        .await
+        .expect("catalog");
+}
+
+/// Sets every shard stock key of `(a, s)` on `c`: shard 0 to `first`, the others to 0.
+async fn set_stock(c: &Client, (a, s): (u64, u64), first: i64) {
+    for i in 0..SHARDS {
+        let n = if i == 0 { first } else { 0 };
+        let _: () = c
+            .set(keys::stock(a, i, s), n, None, None, false)
+            .await
+            .expect("stock");
+    }
+}
+
+/// Announces on `c`'s `sk:soldout`, as stockd does on the activity's cluster.
+async fn announce(c: &Client, (a, s): (u64, u64), sold_out: bool) {
+    let msg = SoldOut {
+        activity: a,
+        item: s,
+        sold_out,
+    };
+    let _: () = c
+        .publish(keys::SOLD_OUT_CHANNEL, msg.encode())
+        .await
+        .expect("publish");
+}
+
+/// `sold_out` of item `s` of activity `a`, as `gw`'s catalog says.
+async fn sold_out(gw: &GatewayHandle, (a, s): (u64, u64)) -> bool {
+    let body = gw.get(&format!("/api/v1/activities/{a}"), None).await.body;
+    let items = body["activity"]["items"].as_array().cloned();
+    let item = items
+        .unwrap_or_default()
+        .into_iter()
+        .find(|i| i["id"] == s)
+        .unwrap_or_else(|| panic!("item {s} of activity {a}: {body}"));
+    item["sold_out"] == true
+}
+
+/// Waits until every gateway says `(a, s)` is sold out (`want`) or on sale.
+async fn wait_flag(gws: &[&GatewayHandle], item: (u64, u64), want: bool, timeout: Duration) {
+    for gw in gws {
+        let what = format!("{item:?} sold_out = {want} at {}", gw.base_url());
+        wait_until_async(&what, timeout, || async move {
+            sold_out(gw, item).await == want
+        })
+        .await;
+    }
+}
+
+/// A reserve with no token at all: 410 only from the edge's memory; anything it lets
+/// through stops at authentication (401), and stockd is not there anyway.
+async fn anonymous_reserve(gw: &GatewayHandle, (a, s): (u64, u64)) -> Answer {
+    call(
+        reqwest::Method::POST,
+        format!("{}/api/v1/activities/{a}/items/{s}/reserve", gw.base_url()),
+        None,
+        Some(serde_json::json!({})),
+        None,
+    )
+    .await
+}
+
+async fn assert_answers(gws: &[&GatewayHandle], item: (u64, u64), status: u16) {
+    for gw in gws {
+        let r = anonymous_reserve(gw, item).await;
+        assert_eq!(
+            r.status,
+            status,
+            "{item:?} at {}: {}",
+            gw.base_url(),
+            r.body
+        );
+    }
+}
+
+const WARNING: &str = "missing from [redis.clusters]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_activity_follows_its_own_cluster_and_each_cluster_outlives_the_other() {
+    init_tracing();
+    let mut a = RedisCluster::start_with(2, seckill_tests::redis::Persistence::None);
+    // A node timeout far above the stall below: B's nodes, stopped together, must not
+    // flag each other failing.
+    let b = RedisCluster::start_spec(ClusterSpec::masters(2).node_timeout_ms(60_000));
+    let (ca, cb) = (a.client().await, b.client().await);
+
+    publish(&ca, HOT, "hot", &[7, 77]).await;
+    set_stock(&cb, (HOT, 7), 0).await;
+    set_stock(&cb, (HOT, 77), 3).await;
+    set_stock(&ca, (HOT, 7), 5).await; // decoys
+    set_stock(&ca, (HOT, 77), 0).await;
+    publish(&ca, HOME, "", &[8, 88]).await;
+    set_stock(&ca, (HOME, 8), 1).await;
+    set_stock(&ca, (HOME, 88), 0).await;
+    set_stock(&cb, (HOME, 8), 0).await; // decoys
+    set_stock(&cb, (HOME, 88), 5).await;
+    publish(&ca, LOST, "cold", &[9]).await;
+    set_stock(&ca, (LOST, 9), 0).await;
+    set_stock(&cb, (LOST, 9), 0).await;
+
+    // Nothing listens upstream: whatever the edge does not answer itself fails.
+    let dead = format!("127.0.0.1:{}", free_port(None));
+    let deps = EdgeDeps {
+        redis: &a,
+        stockd: &dead,
+        orderd: &dead,
+    };
+    // One gateway polling often; one that (after its first read) reads on the
+    // refresh of the catalog and on sold-out messages only. A command to a hung node
+    // waits `timeout_ms`: long, so that a read of one cluster waiting on another's
+    // shows as a delay past the stall window below.
+    let polling = spawn_gateway_unready(&deps, |c| {
+        named_cluster(c, "hot", &b);
+        set(c, "redis", "timeout_ms", 8_000);
+    })
+    .await;
+    let listening = spawn_gateway_unready(&deps, |c| {
+        named_cluster(c, "hot", &b);
+        set(c, "redis", "timeout_ms", 8_000);
+        set(c, "redis", "stock_poll_ms", 600_000);
+    })
+    .await;
+    let gws = [&polling, &listening];
+    for gw in gws {
+        for act in [HOT, HOME, LOST] {
+            gw.wait_activity(act).await;
+        }
+    }
+    let t = Duration::from_secs(10);
+
+    // Each activity's stock is read on its own cluster.
+    wait_flag(&gws, (HOT, 7), true, t).await;
+    wait_flag(&gws, (HOME, 88), true, t).await;
+    for gw in gws {
+        assert!(!sold_out(gw, (HOT, 77)).await, "HOT 77 read on A");
+        assert!(!sold_out(gw, (HOME, 8)).await, "HOME 8 read on B");
+        assert!(!sold_out(gw, (LOST, 9)).await, "LOST read somewhere");
+    }
+    assert_answers(&gws, (HOT, 7), 410).await;
+    assert_answers(&gws, (HOME, 88), 410).await;
+    for on_sale in [(HOT, 77), (HOME, 8), (LOST, 9)] {
+        assert_answers(&gws, on_sale, 401).await;
+    }
+    for gw in gws {
+        let unknown = gw.metric("gateway_activities_on_unknown_cluster", "").await;
+        assert_eq!(unknown, Some(1.0), "{}", gw.base_url());
+    }
+
+    // B hangs (every node stopped): A's activities are followed all the same.
+    let stalled = Instant::now();
+    let stalls: Vec<_> = b.ports().into_iter().map(|p| b.stall(p, 12_000)).collect();
+    // Long enough for a read of B to be hanging (it does for `timeout_ms`): a read of A
+    // queued behind it would come too late for the wait below.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    set_stock(&ca, (HOME, 8), 0).await;
+    wait_flag(&gws, (HOME, 8), true, Duration::from_secs(4)).await;
+    assert!(
+        stalled.elapsed() < Duration::from_secs(11),
+        "seen only once B was back"
+    );
+    assert_answers(&gws, (HOME, 8), 410).await;
+    // HOT keeps what B said last.
+    for gw in gws {
+        assert!(sold_out(gw, (HOT, 7)).await && !sold_out(gw, (HOT, 77)).await);
+    }
+    for s in stalls {
+        s.join();
+    }
+    b.wait_settled(Duration::from_secs(30));
+    let hot_errors = polling
+        .metric("gateway_stock_poll_errors_total", "cluster=\"hot\"")
+        .await;
+    assert!(hot_errors.is_some_and(|n| n >= 1.0), "{hot_errors:?}");
+
+    // A dies (every node killed): B's changes are still followed, by polling and by
+    // B's sold-out channel (the listening gateway's only way: its catalog refresh fails).
+    for p in a.ports() {
+        a.kill(p);
+    }
+    set_stock(&cb, (HOT, 77), 0).await;
+    announce(&cb, (HOT, 77), true).await;
+    wait_flag(&gws, (HOT, 77), true, t).await;
+    set_stock(&cb, (HOT, 7), 1).await;
+    announce(&cb, (HOT, 7), false).await;
+    wait_flag(&gws, (HOT, 7), false, t).await;
+    assert_answers(&gws, (HOT, 77), 410).await;
+    assert_answers(&gws, (HOT, 7), 401).await;
+    // The polling gateway reads B's stock, not only messages: a sell-out nobody
+    // announced.
+    set_stock(&cb, (HOT, 7), 0).await;
+    wait_flag(&[&polling], (HOT, 7), true, t).await;
+    wait_until_async("default-cluster poll errors", 2 * t, || async {
+        polling
+            .metric("gateway_stock_poll_errors_total", "cluster=\"default\"")
+            .await
+            .is_some_and(|n| n >= 1.0)
+    })
+    .await;
+
+    // The misplaced activity was warned about once, however many refreshes ran.
+    for gw in gws {
+        let log = gw.log();
+        assert_eq!(log.matches(WARNING).count(), 1, "{log}");
+        let line = log.lines().find(|l| l.contains(WARNING)).unwrap();
+        assert!(line.contains("103") && line.contains("cold"), "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_cluster_hung_when_the_gateway_starts_is_read_once_it_answers() {
+    init_tracing();
+    let a = RedisCluster::start_with(2, seckill_tests::redis::Persistence::None);
+    let b = RedisCluster::start_spec(ClusterSpec::masters(2).node_timeout_ms(60_000));
+    let (ca, cb) = (a.client().await, b.client().await);
+    publish(&ca, HOT, "hot", &[7]).await;
+    set_stock(&cb, (HOT, 7), 0).await;
+    set_stock(&ca, (HOT, 7), 5).await; // decoy
+                                       // B answers nothing while the gateway starts: its first connections fail.
+    let stalls: Vec<_> = b.ports().into_iter().map(|p| b.stall(p, 6_000)).collect();
+    let dead = format!("127.0.0.1:{}", free_port(None));
+    let deps = EdgeDeps {
+        redis: &a,
+        stockd: &dead,
+        orderd: &dead,
+    };
+    let gw = spawn_gateway_unready(&deps, |c| named_cluster(c, "hot", &b)).await;
+    gw.wait_activity(HOT).await;
+    for s in stalls {
+        s.join();
+    }
+    wait_flag(&[&gw], (HOT, 7), true, Duration::from_secs(20)).await;
+}
+
+/// `gateway -t -c <path>`: (success, stdout and stderr).
+fn config_test(path: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"))
+        .arg("-t")
+        .arg("-c")
+        .arg(path)
+        .output()
+        .expect("run gateway -t");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn gateway_t_takes_the_shipped_named_cluster_and_refuses_a_bad_one_naming_the_field() {
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/gateway.toml"),
+    )
+    .unwrap();
+    let example = "# [redis.clusters.hot]\n# nodes = [\"127.0.0.1:7101\"]\n";
+    assert!(shipped.contains(example), "the shipped example moved");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let with = |section: &str| {
+        std::fs::write(&path, shipped.replace(example, section)).unwrap();
+        config_test(&path)
+    };
+    let (ok, text) = with("[redis.clusters.hot]\nnodes = [\"127.0.0.1:7101\"]\n");
+    assert!(ok, "{text}");
+    for (section, field) in [
+        (
+            "[redis.clusters.hot]\nnodes = [\"127.0.0.1\"]\n",
+            "redis.clusters.hot.nodes",
+        ),
+        (
+            "[redis.clusters.hot]\nnodes = []\n",
+            "redis.clusters.hot.nodes",
+        ),
+        (
+            "[redis.clusters.Hot]\nnodes = [\"127.0.0.1:7101\"]\n",
+            "redis.clusters.Hot",
+        ),
+        (
+            "[redis.clusters.default]\nnodes = [\"127.0.0.1:7101\"]\n",
+            "redis.clusters.default",
+        ),
+        (
+            "[redis.clusters.hot]\nnodes = [\"127.0.0.1:7101\"]\ntimeout_ms = 5\n",
+            "redis.clusters.hot",
+        ),
+    ] {
+        let (ok, text) = with(section);
+        assert!(!ok, "accepted {section}");
+        assert_eq!(text.trim().lines().count(), 1, "{text}");
+        assert!(text.contains("gateway.toml"), "{text}");
+        assert!(text.contains(field), "{field}: {text}");
+    }
+}
