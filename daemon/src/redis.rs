@@ -53,6 +53,10 @@ pub fn builder(
         .collect::<Vec<_>>();
     let config = Config {
         server: ServerConfig::new_clustered(hosts),
+        // fred gives up on a first connection that failed unless told otherwise: a
+        // daemon started while its Redis is down would never connect. The reconnect
+        // policy applies to the first connection too.
+        fail_fast: false,
         ..Config::default()
     };
     let mut builder = Builder::from_config(config);

@@ -220,7 +220,7 @@ impl BackgroundService for FleetSync {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let shared = self.shared.clone();
         let cfg = shared.cfg.redis.clone();
-        let Ok(c) = crate::redis::client(&cfg) else {
+        let Ok(mut c) = crate::redis::client(&cfg) else {
             tracing::error!("bad redis config");
             return;
         };
@@ -253,12 +253,24 @@ impl BackgroundService for FleetSync {
                 self.fall_back(limits, k, min);
                 on = true;
             }
-            if !connected {
-                // Connects in the background (retrying); the first rounds fail until then.
-                let _task = c.init().await;
-                connected = true;
-            }
             let deadline = Duration::from_millis(cfg.timeout_ms.max(period));
+            if !connected {
+                // fred does not try a first connection again once it failed (Redis down
+                // when the gateway starts): a fresh client each round until one connects,
+                // the local share meanwhile; then the client's reconnect policy takes over.
+                match tokio::time::timeout(deadline, c.init()).await {
+                    Ok(Ok(_task)) => connected = true,
+                    _ => {
+                        let _ = c.quit().await;
+                        if let Ok(fresh) = crate::redis::client(&cfg) {
+                            c = fresh;
+                        }
+                        shared.metrics.fleet_sync_errors.inc();
+                        self.fall_back(limits, k, min);
+                        continue;
+                    }
+                }
+            }
             let slice = policy.admission.lease_slice;
             match tokio::time::timeout(deadline, self.round(&c, limits, slice, k, min)).await {
                 Ok(Ok(())) => {

@@ -65,14 +65,14 @@ impl Redis {
             command_attempts: 3,
             reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
         };
-        let mut builder = seckill_daemon::redis::builder(
+        let builder = seckill_daemon::redis::builder(
             nodes,
             Duration::from_millis(cfg.timeout_ms),
             Duration::from_millis(cfg.connect_timeout_ms),
             retries,
         );
-        // The reconnect policy applies to the first connection too.
-        builder.with_config(|c| c.fail_fast = false);
+        // The reconnect policy applies to the first connection too (the builder's
+        // `fail_fast = false`).
         let client = builder.build()?;
         // The task drives the connections until `quit`; it is not awaited.
         drop(client.connect());

@@ -144,7 +144,10 @@ impl Redis {
                 };
                 let c = seckill_daemon::redis::builder(nodes, timeout, connect_timeout, retries)
                     .build()?;
-                c.init().await.ok();
+                // Not `init`: with the first connection retried, it would wait for a
+                // Redis that may be down. Up to the connect timeout, as for the pool.
+                drop(c.connect());
+                let _ = tokio::time::timeout(connect_timeout, c.wait_for_connect()).await;
                 clients.push(c);
             }
             Some(std::sync::Arc::new(Acks::new(

@@ -230,3 +230,83 @@ async fn hot_orders(pool: &sqlx::MySqlPool, activity: u64) -> i64 {
         .await
         .unwrap_or(0)
 }
+
+/// stockd started while a cluster it is configured with is down: the other cluster's
+/// sales run at once, and the down one's once it is up (fred gives up on a failed first
+/// connection unless told to retry it; before that was set, this stockd never connected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_down_at_start_is_served_once_it_comes_up() {
+    init_tracing();
+    let a = RedisCluster::start();
+    let mut b = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&a, &db);
+    let hot_nodes = b.nodes();
+    for port in b.ports() {
+        b.kill(port);
+    }
+    let stockd = spawn_stockd(&deps, |c| {
+        c.redis.clusters.insert(
+            "hot".into(),
+            NamedCluster {
+                nodes: hot_nodes.clone(),
+            },
+        );
+    })
+    .await;
+    let mut admin = stockd.admin_client().await;
+    let cold = create_and_publish(
+        &mut admin,
+        sale_request(&[(5, 100)], SHARDS, Duration::ZERO, HOUR, 1),
+    )
+    .await;
+    let mut stock = stockd.stock_client().await;
+    let r = reserve(&mut stock, cold.id, cold.items[0].id, "u1", "r")
+        .await
+        .expect("the default cluster is up");
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+
+    for port in b.ports() {
+        b.restart(port);
+    }
+    let mut req = sale_request(&[(5, 100)], SHARDS, Duration::ZERO, HOUR, 1);
+    req.redis_cluster = "hot".into();
+    let created = admin
+        .create_activity(req)
+        .await
+        .expect("create")
+        .into_inner();
+    // Publishing warms B: it succeeds once stockd's client for B has connected.
+    seckill_tests::process::wait_until_async(
+        "publishing on the cluster that came up",
+        Duration::from_secs(20),
+        || {
+            let mut admin = admin.clone();
+            async move {
+                admin
+                    .publish_activity(pb::PublishActivityRequest {
+                        activity_id: created.id,
+                        publish_at_ms: 0,
+                    })
+                    .await
+                    .is_ok()
+            }
+        },
+    )
+    .await;
+    let hot_item = created.items[0].id;
+    seckill_tests::process::wait_until_async(
+        "a reservation on the cluster that came up",
+        Duration::from_secs(20),
+        || {
+            let mut stock = stock.clone();
+            async move {
+                matches!(
+                    reserve(&mut stock, created.id, hot_item, "u1", "r").await,
+                    Ok(r) if r.outcome() == ReserveOutcome::Reserved
+                )
+            }
+        },
+    )
+    .await;
+}

@@ -163,7 +163,7 @@ async fn announce(c: &Client, change: &BanChange) -> Result<(), Error> {
 /// once it failed (a cluster down, or not yet serving every slot, when the gateway
 /// starts), so while it fails this makes a new client every second; once connected,
 /// the client's reconnect policy takes over.
-async fn connect(
+pub(crate) async fn connect(
     cfg: &crate::config::Redis,
     nodes: &[String],
     cluster: &str,

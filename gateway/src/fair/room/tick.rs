@@ -107,14 +107,12 @@ async fn tick(room: &Room, c: &Client, a: u64, start_ms: i64, end_ms: i64) -> Re
 impl BackgroundService for Ticker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let room = &self.shared.room;
-        let client = match crate::redis::client(&self.shared.cfg.redis) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "room: no Redis client; the waiting room stays at its config defaults");
-                return;
-            }
+        // Until the default cluster answers, the rooms keep their config defaults.
+        let cfg = &self.shared.cfg.redis;
+        let Some(client) = crate::redis::connect(cfg, &cfg.nodes, "default", &mut shutdown).await
+        else {
+            return;
         };
-        let _connection = client.init().await;
         let _ = room.client.set(client.clone());
         let mut every = tokio::time::interval(Duration::from_millis(room.cfg.tick_ms));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
