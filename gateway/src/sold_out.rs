@@ -375,13 +375,8 @@ impl Catalog {
     /// configured with) asks nothing.
     pub fn stock_reads(&self, cluster: Option<&str>) -> Arc<Notify> {
         let key = cluster.map(str::to_owned);
-        if let Some(n) = self
-            .read_now
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
-            return n.clone();
+        if let Some(n) = self.read_notify(&key) {
+            return n;
         }
         self.read_now
             .write()
@@ -393,15 +388,18 @@ impl Catalog {
 
     /// Asks `cluster`'s feed for a read now (a permit is kept when it is busy).
     fn want_read(&self, cluster: Option<&str>) {
-        let key = cluster.map(str::to_owned);
-        if let Some(n) = self
-            .read_now
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(n) = self.read_notify(&cluster.map(str::to_owned)) {
             n.notify_one();
         }
+    }
+
+    /// The wake-up of the feed of cluster `key`, when one was made.
+    fn read_notify(&self, key: &Option<String>) -> Option<Arc<Notify>> {
+        self.read_now
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
     }
 
     /// Asks every cluster's feed for a read now (after a catalog refresh).

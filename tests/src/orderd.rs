@@ -422,3 +422,18 @@ pub async fn wait_orders(db: &TestDb, n: i64, timeout: Duration) {
 pub fn chrono_now_ms() -> i64 {
     seckill_lua::clock::now_ms()
 }
+
+/// GetOrder for `user`.
+pub async fn get_order(
+    client: &mut OrderClient,
+    id: &str,
+    user: &str,
+) -> Result<seckill_proto::pb::Order, tonic::Status> {
+    client
+        .get_order(seckill_proto::pb::GetOrderRequest {
+            order_id: id.into(),
+            user_id: user.into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}

@@ -193,3 +193,20 @@ pub fn with_retries<T>(what: &str, mut start: impl FnMut() -> T) -> T {
     }
     start()
 }
+
+/// `<bin> -t -c <path>`, the built daemon's config test: whether it passed, and what it
+/// printed (stdout, then stderr).
+pub fn config_test(bin: &str, path: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(workspace_bin(bin))
+        .arg("-t")
+        .arg("-c")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin} -t: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

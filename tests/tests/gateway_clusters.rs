@@ -294,18 +294,7 @@ async fn a_named_cluster_hung_when_the_gateway_starts_is_read_once_it_answers() 
 
 /// `gateway -t -c <path>`: (success, stdout and stderr).
 fn config_test(path: &std::path::Path) -> (bool, String) {
-    let out = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"))
-        .arg("-t")
-        .arg("-c")
-        .arg(path)
-        .output()
-        .expect("run gateway -t");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    seckill_tests::process::config_test("gateway", path)
 }
 
 #[test]

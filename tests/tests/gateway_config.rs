@@ -2,9 +2,7 @@
 //! `gateway -t`: the shipped config validates; a bad one is refused with one line that
 //! names the file and the field, before any socket, Redis or backend is touched.
 
-use seckill_tests::process::workspace_bin;
 use std::path::PathBuf;
-use std::process::Command;
 
 fn repo_file(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -13,18 +11,7 @@ fn repo_file(rel: &str) -> PathBuf {
 }
 
 fn check(path: &std::path::Path) -> (bool, String) {
-    let out = Command::new(workspace_bin("gateway"))
-        .arg("-t")
-        .arg("-c")
-        .arg(path)
-        .output()
-        .expect("run gateway -t");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    seckill_tests::process::config_test("gateway", path)
 }
 
 #[test]

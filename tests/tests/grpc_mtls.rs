@@ -280,18 +280,7 @@ async fn a_reservation_goes_through_the_edge_over_mutual_tls_and_strangers_are_r
 fn check_config(bin: &str, dir: &Path, text: &str) -> (bool, String) {
     let path = dir.join(format!("{bin}.toml"));
     std::fs::write(&path, text).expect("write config");
-    let out = std::process::Command::new(workspace_bin(bin))
-        .arg("-t")
-        .arg("-c")
-        .arg(&path)
-        .output()
-        .expect("run -t");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    (out.status.success(), said)
+    seckill_tests::process::config_test(bin, &path)
 }
 
 #[test]

@@ -139,13 +139,7 @@ fn single_master() -> RedisCluster {
 }
 
 async fn get(client: &mut OrderClient, id: &str, user: &str) -> Result<pb::Order, tonic::Status> {
-    client
-        .get_order(pb::GetOrderRequest {
-            order_id: id.into(),
-            user_id: user.into(),
-        })
-        .await
-        .map(|r| r.into_inner())
+    seckill_tests::orderd::get_order(client, id, user).await
 }
 
 fn hot(cluster: &RedisCluster) -> impl FnOnce(&mut orderd::Config) + '_ {

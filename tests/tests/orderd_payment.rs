@@ -25,13 +25,7 @@ fn now_ms() -> i64 {
 }
 
 async fn get(client: &mut OrderClient, id: &str, user: &str) -> Result<pb::Order, tonic::Status> {
-    client
-        .get_order(pb::GetOrderRequest {
-            order_id: id.into(),
-            user_id: user.into(),
-        })
-        .await
-        .map(|r| r.into_inner())
+    seckill_tests::orderd::get_order(client, id, user).await
 }
 
 fn callback(id: &str, amount: i64, reference: &str, ts: i64) -> pb::PaymentCallbackRequest {

@@ -390,9 +390,10 @@ async fn a_restarted_node_shows_as_a_topology_change_with_nobody_sending() {
     init_tracing();
     let mut cluster = RedisCluster::start();
     let config = stockd::Config::for_test(cluster.nodes(), "mysql://u@h/d".into(), "t");
-    let redis = stockd::redis::Redis::connect(&config.redis, stockd::Metrics::new())
-        .await
-        .expect("connect");
+    let redis =
+        stockd::redis::Redis::connect(&config.redis, &config.redis.nodes, stockd::Metrics::new())
+            .await
+            .expect("connect");
     let before = redis.topology_changes();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
