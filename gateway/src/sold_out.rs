@@ -60,7 +60,15 @@ pub struct ItemLive {
     /// Who holds a unit, while [`Self::sold_out`]; empty otherwise. At most the item's
     /// stock in size (one unit per user).
     holders: RwLock<Arc<Holders>>,
+    /// Unix ms of the last reserve for it here or sold-out message about it (0: none):
+    /// within [`HOT_MS`] the stock feed reads it on every poll, else in turn with the
+    /// other idle items (`redis.stock_poll_idle_keys`).
+    touched_ms: AtomicI64,
 }
+
+/// How long after its last request (or sold-out message) an item is read on every
+/// stock poll.
+pub const HOT_MS: i64 = 10_000;
 
 impl ItemLive {
     /// An item on sale, its shards not read yet.
@@ -83,7 +91,26 @@ impl ItemLive {
             fleet_cap: AtomicI64::new(-1),
             busy: AtomicU32::new(0),
             holders: RwLock::default(),
+            touched_ms: AtomicI64::new(0),
         }
+    }
+
+    /// Marks a request (or a sold-out message) at `now_ms`; true when the item was idle
+    /// (not read on every poll): the caller then asks its cluster's feed for a read now.
+    pub fn touch(&self, now_ms: i64) -> bool {
+        // A load on most requests: the mark is written at most once a second.
+        let before = self.touched_ms.load(Ordering::Relaxed);
+        if now_ms - before < 1_000 {
+            return false;
+        }
+        self.touched_ms.store(now_ms, Ordering::Relaxed);
+        now_ms - before >= HOT_MS
+    }
+
+    /// Read on every stock poll: asked about within [`HOT_MS`], or never read.
+    pub fn is_hot(&self, now_ms: i64) -> bool {
+        now_ms - self.touched_ms.load(Ordering::Relaxed) < HOT_MS
+            || self.remaining.load(Ordering::Relaxed) < 0
     }
 
     /// True when `user` held a unit at the last read of the sold-out item's buyers.
@@ -131,6 +158,8 @@ impl ItemLive {
             .store(self.sold_out.load(Ordering::Acquire), Ordering::Release);
         next.remaining
             .store(self.remaining.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.touched_ms
+            .store(self.touched_ms.load(Ordering::Relaxed), Ordering::Relaxed);
         next
     }
 }
@@ -360,6 +389,8 @@ impl Catalog {
     pub fn report_sold_out(&self, a: u64, s: u64, sold_out: bool) {
         let Some(act) = self.get(a) else { return };
         if let Some(item) = act.item(s) {
+            // Read on every poll for a while, so the read asked below includes it.
+            item.touch(seckill_lua::clock::unix_ms() as i64);
             if sold_out {
                 item.remaining.store(0, Ordering::Relaxed);
                 self.want_read(act.cluster.as_deref());
@@ -387,7 +418,7 @@ impl Catalog {
     }
 
     /// Asks `cluster`'s feed for a read now (a permit is kept when it is busy).
-    fn want_read(&self, cluster: Option<&str>) {
+    pub(crate) fn want_read(&self, cluster: Option<&str>) {
         if let Some(n) = self.read_notify(&cluster.map(str::to_owned)) {
             n.notify_one();
         }

@@ -476,6 +476,34 @@ impl RedisCluster {
         }
     }
 
+    /// Calls served by the cluster's primaries so far, by command (`get`, `evalsha`,
+    /// ...), but `INFO` (the harness' own reads of these counts).
+    pub fn command_counts(&self) -> HashMap<String, u64> {
+        let mut out = HashMap::new();
+        for port in self.masters() {
+            let stats = self.cli_at(port, &["INFO", "commandstats"]);
+            for line in stats.lines() {
+                let Some((name, rest)) = line.trim().split_once(':') else {
+                    continue;
+                };
+                let Some(name) = name.strip_prefix("cmdstat_") else {
+                    continue;
+                };
+                if name == "info" {
+                    continue;
+                }
+                let calls = rest
+                    .split("calls=")
+                    .nth(1)
+                    .and_then(|c| c.split(',').next())
+                    .and_then(|c| c.parse::<u64>().ok())
+                    .unwrap_or(0);
+                *out.entry(name.to_string()).or_default() += calls;
+            }
+        }
+        out
+    }
+
     /// Ports of the nodes serving slots now, as a live node sees it.
     pub fn masters(&self) -> Vec<u16> {
         let mut m: Vec<u16> = self

@@ -342,3 +342,69 @@ fn gateway_t_takes_the_shipped_named_cluster_and_refuses_a_bad_one_naming_the_fi
         assert!(text.contains(field), "{field}: {text}");
     }
 }
+
+/// Live activities at this size are more idle stock keys than one poll reads.
+const IDLE_ACTIVITIES: u64 = 300;
+/// `redis.stock_poll_idle_keys` of the test: a full turn over the 600 idle keys takes
+/// 100 polls (10 s at 100 ms).
+const IDLE_KEYS: i64 = 6;
+
+/// The idle cost does not grow with the live activities: items nobody asks this gateway
+/// about are read in turn, `redis.stock_poll_idle_keys` keys a poll, not every one every
+/// poll (600 keys × 10 polls a second here). A silent sell-out of an idle item is still
+/// found by the turn; a sold-out message, or a request for the item, brings it back to
+/// every poll at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_items_are_read_in_turn_and_a_request_or_a_message_brings_one_back_at_once() {
+    init_tracing();
+    let a = RedisCluster::start_with(2, seckill_tests::redis::Persistence::None);
+    let ca = a.client().await;
+    let first = 1_000;
+    for k in 0..IDLE_ACTIVITIES {
+        publish(&ca, first + k, "", &[1]).await;
+        set_stock(&ca, (first + k, 1), 5).await;
+    }
+    let dead = format!("127.0.0.1:{}", free_port(None));
+    let deps = EdgeDeps {
+        redis: &a,
+        stockd: &dead,
+        orderd: &dead,
+    };
+    let gw = spawn_gateway_unready(&deps, |c| {
+        set(c, "redis", "stock_poll_ms", 100);
+        set(c, "redis", "stock_poll_idle_keys", IDLE_KEYS);
+    })
+    .await;
+    gw.wait_activity(first + IDLE_ACTIVITIES - 1).await;
+    // Every item is read once in full (never read: hot), then goes idle.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let gets = || a.command_counts().get("get").copied().unwrap_or(0);
+    let (before, started) = (gets(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_sec = (gets() - before) as f64 / started.elapsed().as_secs_f64();
+    // At most IDLE_KEYS + one item's shards per poll: 80 GETs/s. Reading every item on
+    // every poll would be 6,000/s.
+    println!("idle stock reads: {per_sec:.0} GETs/s over {IDLE_ACTIVITIES} activities");
+    assert!(
+        per_sec < 300.0,
+        "{per_sec:.0} GETs/s: idle items are read on every poll"
+    );
+
+    // A silent sell-out (no message) of an idle item: found by the turn.
+    set_stock(&ca, (first + 100, 1), 0).await;
+    wait_flag(&[&gw], (first + 100, 1), true, Duration::from_secs(20)).await;
+
+    // Announced: at once, not at its turn (up to 10 s away).
+    set_stock(&ca, (first + 200, 1), 0).await;
+    announce(&ca, (first + 200, 1), true).await;
+    wait_flag(&[&gw], (first + 200, 1), true, Duration::from_secs(2)).await;
+
+    // A request for an idle item reads it at once; the answer itself still came from
+    // the old state (on sale: past the short-circuit to authentication).
+    set_stock(&ca, (first + 250, 1), 0).await;
+    let r = anonymous_reserve(&gw, (first + 250, 1)).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    wait_flag(&[&gw], (first + 250, 1), true, Duration::from_secs(2)).await;
+    assert_eq!(anonymous_reserve(&gw, (first + 250, 1)).await.status, 410);
+}

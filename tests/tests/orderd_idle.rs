@@ -31,28 +31,10 @@ const SWEEP_MS: f64 = 50.0;
 
 /// Stream reads, claims and pending checks served by the cluster's primaries so far.
 fn stream_calls(cluster: &RedisCluster) -> u64 {
-    cluster
-        .masters()
-        .into_iter()
-        .map(|port| {
-            let stats = cluster.cli_at(port, &["INFO", "commandstats"]);
-            stats
-                .lines()
-                .filter(|l| {
-                    [
-                        "cmdstat_xreadgroup:",
-                        "cmdstat_xautoclaim:",
-                        "cmdstat_xpending:",
-                    ]
-                    .iter()
-                    .any(|p| l.starts_with(p))
-                })
-                .filter_map(|l| {
-                    let calls = l.split("calls=").nth(1)?;
-                    calls.split(',').next()?.parse::<u64>().ok()
-                })
-                .sum::<u64>()
-        })
+    let calls = cluster.command_counts();
+    ["xreadgroup", "xautoclaim", "xpending"]
+        .iter()
+        .map(|c| calls.get(*c).copied().unwrap_or(0))
         .sum()
 }
 

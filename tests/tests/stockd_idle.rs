@@ -35,32 +35,9 @@ const ROUND_SHARDS: u32 = 16;
 const WINDOW: Duration = Duration::from_secs(3);
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// Calls served by the cluster's primaries so far, by command, but `INFO` (the
-/// harness' own reads of these counts).
+/// Calls served by the cluster's primaries so far, by command, but `INFO`.
 fn commands(cluster: &RedisCluster) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
-    for port in cluster.masters() {
-        let stats = cluster.cli_at(port, &["INFO", "commandstats"]);
-        for line in stats.lines() {
-            let Some((name, rest)) = line.trim().split_once(':') else {
-                continue;
-            };
-            let Some(name) = name.strip_prefix("cmdstat_") else {
-                continue;
-            };
-            if name == "info" {
-                continue;
-            }
-            let calls = rest
-                .split("calls=")
-                .nth(1)
-                .and_then(|c| c.split(',').next())
-                .and_then(|c| c.parse::<u64>().ok())
-                .unwrap_or(0);
-            *out.entry(name.to_string()).or_default() += calls;
-        }
-    }
-    out
+    cluster.command_counts()
 }
 
 /// stockd's MySQL statements so far, and the rows they returned, from its log

@@ -150,6 +150,13 @@ pub struct Redis {
     /// (sold-out flags and the admission cap's "remaining"). Default 250.
     #[serde(default = "d_stock_poll")]
     pub stock_poll_ms: u64,
+    /// Shard stock keys read per poll, per cluster, for the items nobody asked this
+    /// gateway about in the last `sold_out::HOT_MS` (10 s): they are read in turn, this
+    /// many keys a poll, so an idle gateway's Redis reads do not grow with the number of
+    /// live activities. Items with recent requests, items never read, and items a
+    /// sold-out message named are read in full on every poll. Default 256.
+    #[serde(default = "d_stock_poll_idle_keys")]
+    pub stock_poll_idle_keys: u32,
     /// Command timeout, milliseconds. Default 1000.
     #[serde(default = "d_redis_timeout")]
     pub timeout_ms: u64,
@@ -631,6 +638,9 @@ fn d_refresh() -> u64 {
 }
 fn d_stock_poll() -> u64 {
     250
+}
+fn d_stock_poll_idle_keys() -> u32 {
+    256
 }
 fn d_redis_timeout() -> u64 {
     1000

@@ -213,6 +213,11 @@ impl Validate for Config {
             "redis.stock_poll_ms",
             "must be at least 10",
         )?;
+        ensure(
+            (1..=1_000_000).contains(&r.stock_poll_idle_keys),
+            "redis.stock_poll_idle_keys",
+            "must be 1..=1000000",
+        )?;
         ensure(r.timeout_ms >= 1, "redis.timeout_ms", "must be at least 1")?;
 
         let u = &self.upstreams;

@@ -33,6 +33,10 @@ impl Filter for SoldOutEarly {
         if let Route::Reserve(a, s) = cx.route {
             if let Some(act) = cx.shared.catalog.get(*a) {
                 if let Some(item) = act.item(*s) {
+                    if item.touch(cx.now_unix_ms as i64) {
+                        // Idle until now: read on every poll from here, starting now.
+                        cx.shared.catalog.want_read(act.cluster.as_deref());
+                    }
                     if cx.now_unix_ms as i64 >= act.start_ms
                         && item.sold_out.load(Ordering::Acquire)
                         && !with_unverified_sub(cx.bearer, |u| item.held_by(u)).unwrap_or(false)

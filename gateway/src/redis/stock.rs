@@ -60,15 +60,18 @@ impl StockFeed {
         let mut poll = tokio::time::interval(Duration::from_millis(cfg.stock_poll_ms));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut idle_cursor = (0u64, 0u64);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = poll.tick() => {}
                 _ = self.wake.notified() => {}
             }
-            let read =
-                tokio::time::timeout(limit, poll_stock(&c, &self.shared, self.cluster.as_deref()))
-                    .await;
+            let read = tokio::time::timeout(
+                limit,
+                poll_stock(&c, &self.shared, self.cluster.as_deref(), &mut idle_cursor),
+            )
+            .await;
             match read.unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, "stock poll"))) {
                 Ok(()) if failing => {
                     failing = false;
@@ -149,35 +152,66 @@ fn on_sold_out(shared: &Shared, msg: &fred::types::Message) {
     }
 }
 
-/// One pipeline of GETs over every shard stock key of every item of the open
-/// activities placed on `cluster` (`None`: the default one), then one of HKEYS over
-/// every shard buyers hash of the items found empty.
+/// One pipeline of GETs over the shard stock keys of the items of the open activities
+/// placed on `cluster` (`None`: the default one), then one of HKEYS over every shard
+/// buyers hash of the items found empty.
+///
+/// Which items: every hot one ([`ItemLive::is_hot`]: a request or a sold-out message
+/// within `sold_out::HOT_MS`, or never read), and the idle ones in turn, from the one
+/// after `cursor` (activity, item) in id order, wrapping, until
+/// `redis.stock_poll_idle_keys` keys are read. So an idle gateway reads at most that
+/// many keys per poll however many activities are live, and an idle item is read again
+/// within ceil(idle keys / budget) polls; its first request asks for a read at once.
+/// Sold-out changes do not wait for the turn: stockd announces them on
+/// `keys::SOLD_OUT_CHANNEL`, which marks the item hot and asks for a read.
 ///
 /// The holders are read after the stock on purpose: a unit is taken and its buyer
 /// recorded in one Lua call, so every unit gone by the stock read has its holder in
 /// the hashes by the holders read (unless it was returned meanwhile, and then its
 /// holder holds nothing). The read is repeated on every poll while the item stays
-/// sold out, so every edge follows returns and re-sales from the same hashes; its size
-/// is bounded by the item's stock.
+/// sold out and hot, so every edge follows returns and re-sales from the same hashes;
+/// its size is bounded by the item's stock.
 pub(super) async fn poll_stock(
     c: &Client,
     shared: &Shared,
     cluster: Option<&str>,
+    cursor: &mut (u64, u64),
 ) -> Result<(), Error> {
     let all = shared.catalog.all();
     let now = unix_ms() as i64;
-    let mut order = Vec::new();
-    let mut empty = Vec::new();
-    let pipe = c.pipeline();
+    let mut hot = Vec::new();
+    let mut idle = Vec::new();
     for act in all.values() {
         if now >= act.end_ms || act.cluster.as_deref() != cluster {
             continue;
         }
         for item in &act.items {
-            for i in 0..act.shards {
-                let _: () = pipe.get(keys::stock(act.id, i, item.id)).await?;
+            let at = (act.id, item.id, act.shards);
+            if item.is_hot(now) {
+                hot.push(at);
+            } else {
+                idle.push(at);
             }
-            order.push((act.id, item.id, act.shards));
+        }
+    }
+    idle.sort_unstable();
+    let split = idle.partition_point(|&(a, s, _)| (a, s) <= *cursor);
+    let budget = u64::from(shared.cfg.redis.stock_poll_idle_keys);
+    let mut keys_read = 0u64;
+    let mut order = hot;
+    for &at in idle[split..].iter().chain(&idle[..split]) {
+        if keys_read >= budget {
+            break;
+        }
+        keys_read += u64::from(at.2);
+        *cursor = (at.0, at.1);
+        order.push(at);
+    }
+    let mut empty = Vec::new();
+    let pipe = c.pipeline();
+    for &(a, s, shards) in &order {
+        for i in 0..shards {
+            let _: () = pipe.get(keys::stock(a, i, s)).await?;
         }
     }
     if order.is_empty() {
