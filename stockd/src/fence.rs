@@ -58,15 +58,16 @@ impl App {
             self.trigger_recompute(entry, Cause::Lost, "fence missing");
             return true;
         }
-        let behind = marks
-            .iter()
-            .zip(&seen)
-            .enumerate()
-            .find(|(_, ((fence, seq), hw))| {
-                fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq
-            });
-        if let Some((i, ((_, seq), hw))) = behind {
-            self.lost_writes(entry, i as u32, hw, *seq);
+        // Every shard behind, not only the first: a failover rewinds all the shards of
+        // the master it replaced, and each gap is counted when it is reported.
+        let mut behind = false;
+        for (i, ((fence, seq), hw)) in marks.iter().zip(&seen).enumerate() {
+            if fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq {
+                self.lost_writes(entry, i as u32, hw, *seq);
+                behind = true;
+            }
+        }
+        if behind {
             return true;
         }
         if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {

@@ -249,8 +249,18 @@ impl App {
         // 3. MySQL, one snapshot.
         let rids: Vec<String> = entries.iter().map(|e| e.rid.clone()).collect();
         let (records, known) = db::snapshot(&self.db, a, &rids).await?;
-        // 4. What Redis lost.
+        // 4. What Redis lost. A rebuild for one shard found behind closes the others
+        // too: a gap of theirs that no call or check reported yet is counted here, as
+        // BEHIND (a failover rewinds every shard of the master it replaced).
         for i in 0..shards {
+            let (fence, found) = &before[i as usize];
+            let hw = &seen[i as usize];
+            if matches!(cause, Cause::Behind)
+                && fence.as_deref() == Some(hw.epoch.as_str())
+                && *found < hw.seq
+            {
+                self.report_gap(entry, i, hw, *found);
+            }
             self.account_lost(
                 a,
                 i,
@@ -552,9 +562,14 @@ impl App {
         seen: &HighWater,
         found: u64,
     ) {
+        self.report_gap(entry, shard, seen, found);
+        self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
+    }
+
+    /// Counts and logs shard `shard`'s gap (Redis at `found`, below `seen`) unless it
+    /// was reported already (each gap once, whichever path finds it first).
+    fn report_gap(&self, entry: &ActivityEntry, shard: u32, seen: &HighWater, found: u64) {
         let Some(gap) = entry.take_behind(shard, seen, found) else {
-            // Another call reported this gap already; the recompute is under way.
-            self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
             return;
         };
         self.metrics.lost_writes.inc();
@@ -574,7 +589,6 @@ impl App {
             found + gap.lost,
             gap.promised,
         );
-        self.trigger_recompute(entry, Cause::Behind, "Redis lost writes");
     }
 }
 
