@@ -437,3 +437,37 @@ pub async fn get_order(
         .await
         .map(|r| r.into_inner())
 }
+
+/// Sets activity `a`'s status in MySQL (orderd's discovery reads published ones).
+pub async fn set_status(db: &TestDb, a: u64, status: &str) {
+    sqlx::query("UPDATE activities SET status = ? WHERE id = ?")
+        .bind(status)
+        .bind(a)
+        .execute(db.pool())
+        .await
+        .expect("set activity status");
+}
+
+/// Entries in activity `a`'s streams on `redis`, plus those read by group `orderd` and
+/// not acknowledged.
+pub async fn backlog(redis: &fred::clients::Client, a: u64, shards: u32) -> u64 {
+    use fred::interfaces::StreamsInterface;
+    let mut n = 0;
+    for i in 0..shards {
+        let len: u64 = redis
+            .xlen(seckill_lua::keys::orders_stream(a, i))
+            .await
+            .expect("XLEN");
+        let pending: fred::types::Value = redis
+            .xpending(seckill_lua::keys::orders_stream(a, i), "orderd", ())
+            .await
+            .expect("XPENDING");
+        n += len
+            + pending
+                .into_array()
+                .first()
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+    }
+    n
+}

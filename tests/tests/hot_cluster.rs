@@ -61,13 +61,7 @@ async fn an_activity_on_its_own_cluster_sells_and_drains_while_the_default_clust
     let mut admin = stockd.admin_client().await;
 
     // A cluster stockd does not know, and a name that is no name: refused, nothing made.
-    let before = admin
-        .list_activities(pb::ListActivitiesRequest::default())
-        .await
-        .expect("list")
-        .into_inner()
-        .activities
-        .len();
+    let before = activities(&mut admin).await;
     for bad in ["cold", "Hot!", &"x".repeat(33)] {
         let mut req = sale_request(&[(5, 100)], SHARDS, Duration::ZERO, HOUR, 1);
         req.redis_cluster = bad.to_string();
@@ -79,13 +73,7 @@ async fn an_activity_on_its_own_cluster_sells_and_drains_while_the_default_clust
             e.message()
         );
     }
-    let after = admin
-        .list_activities(pb::ListActivitiesRequest::default())
-        .await
-        .expect("list")
-        .into_inner()
-        .activities
-        .len();
+    let after = activities(&mut admin).await;
     assert_eq!(before, after, "a refused activity was created");
 
     let cold = create_and_publish(
@@ -309,4 +297,15 @@ async fn a_cluster_down_at_start_is_served_once_it_comes_up() {
         },
     )
     .await;
+}
+
+/// How many activities stockd lists.
+async fn activities(admin: &mut seckill_tests::stockd::AdminClient) -> usize {
+    admin
+        .list_activities(pb::ListActivitiesRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .activities
+        .len()
 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use futures::StreamExt;
-use seckill_tests::orderd::{count_all_orders, reserve_direct, seed_activity, spawn_orderd};
+use seckill_tests::orderd::{
+    count_all_orders, reserve_direct, seed_activity, set_status, spawn_orderd,
+};
 use seckill_tests::{RedisCluster, TestDb};
 
 const SHARDS: u32 = 8;
@@ -32,15 +34,6 @@ async fn queue(redis: Arc<Client>, a: u64, s: u64, n: usize, tag: &str) {
         .count()
         .await;
     assert_eq!(reserved, n, "every reservation queued");
-}
-
-async fn set_status(db: &TestDb, a: u64, status: &str) {
-    sqlx::query("UPDATE activities SET status = ? WHERE id = ?")
-        .bind(status)
-        .bind(a)
-        .execute(db.pool())
-        .await
-        .unwrap();
 }
 
 /// Publishes `a`, runs orderd with `batch_size`, and returns orders/s until `target`

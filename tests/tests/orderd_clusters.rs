@@ -18,8 +18,8 @@ use seckill_daemon::config::NamedCluster;
 use seckill_lua::{keys, ReservationId};
 use seckill_proto::pb::{self, OrderState};
 use seckill_tests::orderd::{
-    mysql_stock, redis_stock, reserve_direct, seed_activity, seed_activity_on, spawn_orderd,
-    OrderClient,
+    backlog, mysql_stock, redis_stock, reserve_direct, seed_activity, seed_activity_on, set_status,
+    spawn_orderd, OrderClient,
 };
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::Persistence;
@@ -29,15 +29,6 @@ use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 async fn place(db: &TestDb, a: u64, cluster: &str) {
     sqlx::query("UPDATE activities SET redis_cluster = ? WHERE id = ?")
         .bind(cluster)
-        .bind(a)
-        .execute(db.pool())
-        .await
-        .unwrap();
-}
-
-async fn set_status(db: &TestDb, a: u64, status: &str) {
-    sqlx::query("UPDATE activities SET status = ? WHERE id = ?")
-        .bind(status)
         .bind(a)
         .execute(db.pool())
         .await
@@ -85,25 +76,6 @@ async fn wait_orders_of(db: &TestDb, a: u64, n: i64) {
         || async { orders_of(db, a).await >= n },
     )
     .await;
-}
-
-/// Entries in `a`'s streams on `redis`, plus those read and not acknowledged.
-async fn backlog(redis: &Client, a: u64, shards: u32) -> u64 {
-    let mut n = 0;
-    for i in 0..shards {
-        let len: u64 = redis.xlen(keys::orders_stream(a, i)).await.unwrap();
-        let pending: Value = redis
-            .xpending(keys::orders_stream(a, i), "orderd", ())
-            .await
-            .unwrap();
-        n += len
-            + pending
-                .into_array()
-                .first()
-                .and_then(|v| v.as_u64())
-                .unwrap_or(0);
-    }
-    n
 }
 
 /// The stock-side keys of activity `a` (shard keys, streams, sold-out flags) on a live

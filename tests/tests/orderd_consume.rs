@@ -15,8 +15,8 @@ use futures::StreamExt;
 use seckill_lua::keys;
 use seckill_proto::pb;
 use seckill_tests::orderd::{
-    count_all_orders, count_orders, mysql_stock, redis_stock, reserve_direct, seed_activity,
-    spawn_orderd, wait_orders,
+    backlog, count_all_orders, count_orders, mysql_stock, redis_stock, reserve_direct,
+    seed_activity, spawn_orderd, wait_orders,
 };
 use seckill_tests::process::wait_until_async;
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
@@ -39,24 +39,6 @@ async fn reserve_many(
         .filter(|r| r.outcome == "RESERVED")
         .map(|r| r.rid)
         .collect()
-}
-
-async fn backlog(redis: &Client, a: u64, shards: u32) -> u64 {
-    let mut n = 0;
-    for i in 0..shards {
-        let len: u64 = redis.xlen(keys::orders_stream(a, i)).await.unwrap();
-        let pending: Value = redis
-            .xpending(keys::orders_stream(a, i), "orderd", ())
-            .await
-            .unwrap();
-        let p = pending
-            .into_array()
-            .first()
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0);
-        n += len + p;
-    }
-    n
 }
 
 #[tokio::test]
