@@ -1,6 +1,6 @@
 //! The fast lane: the answers the edge exists to give cheaply (banned IP, per-IP or
-//! route bucket empty, item sold out) written straight to the socket, before pingora
-//! builds a session for the request.
+//! route bucket empty, item sold out, and the challenge issue, which writes nothing)
+//! written straight to the socket, before pingora builds a session for the request.
 //!
 //! Why: under a stampede nearly every request ends in one of those refusals, and the
 //! cost of an answer is then what the edge's capacity is. Through pingora's proxy
@@ -25,6 +25,10 @@
 //! - The answer is the pipeline's byte for byte (status line, headers in the same
 //!   order, `Date`, `Connection: keep-alive`, body), and is counted in the same metrics,
 //!   access log and auto-ban strikes.
+//! - The challenge issue is answered here when the [`EDGE`] walk lets it through and
+//!   the activity's waiting room needs no admission token: [`EDGE`] and
+//!   [`AUTHENTICATED`] run for real, then the room's gate and the pipeline's own
+//!   `handlers::challenge::challenge_body` (see [`challenge`]).
 //! - The sold-out step sees the request's bearer token, as in the pipeline: a reserve
 //!   whose token names (unverified) a user holding a unit of the sold-out item is not
 //!   refused here but handed to pingora, which authenticates it and asks stockd
@@ -33,13 +37,17 @@
 //!   from its first byte; an idle connection is closed after 60 s, as pingora closes an
 //!   idle HTTP/1.1 keep-alive, or at shutdown.
 
-use crate::answer::Refusal;
-use crate::filters::{self, Cx, Flow, EDGE};
-use crate::routes;
+use crate::answer::{self, Outcome, Refusal};
+use crate::auth::TokenMemo;
+use crate::fair::room::{Gate, Room};
+use crate::filters::{self, Cx, Flow, AUTHENTICATED, EDGE};
+use crate::handlers::challenge::challenge_body;
+use crate::routes::{self, Route};
 use crate::shared::{Answered, Shared};
 use bytes::{Buf, BytesMut};
 use pingora::server::ShutdownWatch;
 use seckill_lua::clock::unix_ms;
+use seckill_proto::trace::TraceParent;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -66,17 +74,48 @@ enum Scan {
     Partial,
     /// Not a request for the fast lane.
     Pingora,
-    /// A complete request of `len` bytes (head and body), refused.
-    Refuse { len: usize, answer: Refused },
+    /// A complete request of `len` bytes (head and body), answered: the answer's bytes
+    /// are in the scan's output buffer.
+    Answered { len: usize, answer: Answer },
 }
 
-/// A refusal decided, with what the metrics and the access log need.
-struct Refused {
-    refusal: Refusal,
+/// An answer decided, with what the strikes, the metrics and the access log need.
+struct Answer {
     route: routes::RouteClass,
+    outcome: Outcome,
+    status: u16,
+    /// The refusal, when it is one (a strike toward an auto-ban when abusive).
+    refusal: Option<Refusal>,
     client: IpAddr,
     post: bool,
     start: Instant,
+    user: Option<String>,
+    /// Set where the pipeline's answer carries one (the challenge issue).
+    trace: Option<TraceParent>,
+}
+
+impl Answer {
+    /// A hot refusal of the [`EDGE`] steps, written canned (no trace id, as the
+    /// pipeline writes it).
+    fn refused(
+        refusal: Refusal,
+        route: routes::RouteClass,
+        client: IpAddr,
+        post: bool,
+        start: Instant,
+    ) -> Self {
+        Self {
+            route,
+            outcome: refusal.outcome(),
+            status: refusal.status(),
+            refusal: Some(refusal),
+            client,
+            post,
+            start,
+            user: None,
+            trace: None,
+        }
+    }
 }
 
 /// Serves requests from `io` while they are fast-lane refusals. `peer` is the TCP
@@ -96,14 +135,16 @@ where
     let mut shutdown = shutdown.clone();
     let mut buf = BytesMut::with_capacity(4096);
     let mut out = Vec::with_capacity(512);
+    let mut memo = TokenMemo::default();
     loop {
         if *shutdown.borrow() {
             // pingora answers with `Connection: close` while shutting down.
             return Lane::HandOver(buf);
         }
-        let (len, answer) = match scan(shared, &buf, peer) {
+        out.clear();
+        let (len, answer) = match scan(shared, &buf, peer, &mut out, &mut memo) {
             Scan::Pingora => return Lane::HandOver(buf),
-            Scan::Refuse { len, answer } => (len, answer),
+            Scan::Answered { len, answer } => (len, answer),
             Scan::Partial => {
                 if buf.capacity() - buf.len() < 1024 {
                     buf.reserve(4096);
@@ -123,15 +164,13 @@ where
                 }
             }
         };
-        out.clear();
-        if !shared.prebuilt.wire(&answer.refusal, &mut out) {
-            return Lane::HandOver(buf);
-        }
         let written = match io.write_all(&out).await {
             Ok(()) => io.flush().await,
             Err(e) => Err(e),
         };
-        shared.strike(answer.client, &answer.refusal);
+        if let Some(r) = &answer.refusal {
+            shared.strike(answer.client, r);
+        }
         let path = if shared.access_log() {
             path_of(&buf[..len])
         } else {
@@ -139,15 +178,14 @@ where
         };
         shared.answered(Answered {
             route: answer.route,
-            outcome: answer.refusal.outcome(),
+            outcome: answer.outcome,
             elapsed: answer.start.elapsed(),
             method: if answer.post { "POST" } else { "GET" },
             path: &path,
-            status: answer.refusal.status(),
+            status: answer.status,
             client: answer.client,
-            user: "",
-            // The fast lane answers before any header but the request line is read.
-            trace_id: "",
+            user: answer.user.as_deref().unwrap_or(""),
+            trace_id: answer.trace.as_ref().map_or("", |t| t.trace_id()),
             error: if written.is_ok() { "" } else { "write failed" },
         });
         if written.is_err() {
@@ -164,9 +202,16 @@ fn path_of(request: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
 
-/// Parses the request at the front of `buf` and, when it is complete and one of the
-/// fast lane's refusals, decides it (with the pipeline's side effects).
-fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
+/// Parses the request at the front of `buf` and, when it is complete and one the fast
+/// lane answers, decides it (with the pipeline's side effects) and writes the answer
+/// to `out`. `memo` is the connection's last verified bearer token.
+fn scan(
+    shared: &Shared,
+    buf: &[u8],
+    peer: IpAddr,
+    out: &mut Vec<u8>,
+    memo: &mut TokenMemo,
+) -> Scan {
     if buf.is_empty() {
         return Scan::Partial;
     }
@@ -195,6 +240,7 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
     let mut body_len = None;
     let mut xff = None;
     let mut authorization = None;
+    let mut traceparent = None;
     let mut header_bytes = 0;
     for h in req.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
@@ -217,6 +263,9 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
                 return Scan::Pingora;
             }
             authorization = Some(h.value);
+        } else if name.eq_ignore_ascii_case(b"traceparent") {
+            // The pipeline reads the first one (`HeaderMap::get`).
+            traceparent = traceparent.or(Some(h.value));
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -254,20 +303,83 @@ fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
         user: None,
         item: None,
         admitted: None,
+        memo: Some(memo),
     };
     let start = Instant::now();
-    match decide(&mut cx) {
-        Some(refusal) => Scan::Refuse {
-            len,
-            answer: Refused {
-                refusal,
-                route: route.class(),
-                client,
-                post,
-                start,
-            },
+    if let Some(refusal) = decide(&mut cx) {
+        if !shared.prebuilt.wire(&refusal, out) {
+            return Scan::Pingora;
+        }
+        let answer = Answer::refused(refusal, route.class(), client, post, start);
+        return Scan::Answered { len, answer };
+    }
+    match route {
+        Route::Challenge(a, s) => match Room::gate_without_token(shared.room.method(a)) {
+            Some(gate) => {
+                let answer = challenge(&mut cx, (a, s), gate, traceparent, (post, start), out);
+                Scan::Answered { len, answer }
+            }
+            // The room queues: the answer depends on the admission token (pingora).
+            None => Scan::Pingora,
         },
-        None => Scan::Pingora,
+        _ => Scan::Pingora,
+    }
+}
+
+/// A challenge issue (`POST .../items/{s}/challenge`) that the [`EDGE`] steps let
+/// through, answered as the pipeline answers it: [`EDGE`] and [`AUTHENTICATED`] run
+/// for real (taking their tokens), then the room's `gate` (read once by the caller:
+/// this path serves only the methods that need no admission token), then
+/// `handlers::challenge::challenge_body`, with a trace context made as `proxy.rs`
+/// makes it. The issue writes nothing anywhere, so answering it here, without
+/// pingora's session, is what lets a flood of issues cost about what a flood of
+/// sold-out answers costs (issue 14).
+fn challenge(
+    cx: &mut Cx<'_>,
+    (a, s): (u64, u64),
+    gate: Gate,
+    traceparent: Option<&[u8]>,
+    (post, start): (bool, Instant),
+    out: &mut Vec<u8>,
+) -> Answer {
+    let trace = crate::proxy::trace_context(traceparent);
+    let flow = match filters::run(&EDGE, cx) {
+        Flow::Go => filters::run(&AUTHENTICATED, cx),
+        stop => stop,
+    };
+    let refusal = match (flow, gate) {
+        (Flow::Stop(r), _) | (Flow::Go, Gate::Refused(r)) => Some(r),
+        (Flow::Go, Gate::Open) => None,
+    };
+    let (outcome, status) = match &refusal {
+        Some(r) => {
+            // Canned when hot, else with the trace: as `Gateway::refuse` writes it.
+            cx.shared.prebuilt.wire_refusal(r, Some(&trace), out);
+            (r.outcome(), r.status())
+        }
+        None => {
+            let user = cx.user.as_deref().unwrap_or_default();
+            let body = challenge_body(
+                cx.shared,
+                cx.client_ip,
+                user,
+                (a, s),
+                (cx.now_ms, cx.now_unix_ms),
+            );
+            answer::json_wire(200, &body, Some(&trace), out);
+            (Outcome::Ok, 200)
+        }
+    };
+    Answer {
+        route: cx.route.class(),
+        outcome,
+        status,
+        refusal,
+        client: cx.client_ip,
+        post,
+        start,
+        user: cx.user.take(),
+        trace: Some(trace),
     }
 }
 
@@ -300,10 +412,21 @@ mod tests {
 
     const GET: &[u8] = b"GET /api/v1/activities HTTP/1.1\r\nhost: x\r\n\r\n";
 
+    /// A scan whose answer bytes are dropped.
+    fn scan(shared: &Shared, buf: &[u8], peer: IpAddr) -> Scan {
+        super::scan(
+            shared,
+            buf,
+            peer,
+            &mut Vec::new(),
+            &mut TokenMemo::default(),
+        )
+    }
+
     fn refused_len(s: Scan) -> Option<usize> {
         match s {
-            Scan::Refuse { len, answer } => {
-                assert!(matches!(answer.refusal, Refusal::Banned));
+            Scan::Answered { len, answer } => {
+                assert!(matches!(answer.refusal, Some(Refusal::Banned)));
                 Some(len)
             }
             _ => None,
@@ -340,11 +463,9 @@ mod tests {
         assert_eq!(refused_len(scan(&shared(), &two, DENIED)), Some(GET.len()));
     }
 
-    #[test]
-    fn a_sold_out_reserve_is_refused_here_but_for_a_holder_who_goes_to_pingora() {
+    /// Activity 1, open, with one item 7.
+    fn one_item_activity(sh: &Shared, challenge_bits: Option<u32>) {
         use crate::sold_out::{ItemMeta, Meta};
-        use base64::Engine as _;
-        let sh = shared();
         sh.catalog.replace(vec![Meta {
             id: 1,
             title: "t".into(),
@@ -360,9 +481,101 @@ mod tests {
                 sale_price_cents: 100,
                 total: 1,
             }],
-            challenge_bits: None,
+            challenge_bits,
             cluster: None,
         }]);
+    }
+
+    /// The answer the lane wrote for `req`, as (status, headers, JSON body).
+    fn answered(sh: &Shared, req: &str) -> Option<(Answer, String, serde_json::Value)> {
+        let mut out = Vec::new();
+        match super::scan(
+            sh,
+            req.as_bytes(),
+            FREE,
+            &mut out,
+            &mut TokenMemo::default(),
+        ) {
+            Scan::Answered { len, answer } => {
+                assert_eq!(len, req.len());
+                let text = String::from_utf8(out).unwrap();
+                let (head, body) = text.split_once("\r\n\r\n").unwrap();
+                Some((
+                    answer,
+                    head.to_string(),
+                    serde_json::from_str(body).unwrap(),
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    fn challenge_request(auth: &str) -> String {
+        format!(
+            "POST /api/v1/activities/1/items/7/challenge HTTP/1.1\r\nhost: x\r\n{auth}\
+             traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n"
+        )
+    }
+
+    #[test]
+    fn a_challenge_issue_is_answered_here_with_a_puzzle_for_the_authenticated_user() {
+        let sh = shared();
+        one_item_activity(&sh, Some(4));
+        let (jwt, _) = sh.jwt().issue("alice", 60, unix_ms()).unwrap();
+        let req = challenge_request(&format!("authorization: Bearer {jwt}\r\n"));
+        let (answer, head, body) = answered(&sh, &req).expect("answered in the lane");
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("\r\nCache-Control: no-store\r\n"), "{head}");
+        // The caller's trace continued, as the pipeline continues it.
+        assert!(head.contains("traceparent: 00-0af7651916cd43dd8448eb211c80319c-"));
+        assert_eq!(answer.user.as_deref(), Some("alice"));
+        assert_eq!((answer.status, answer.refusal.is_none()), (200, true));
+        assert_eq!(body["required"], true);
+        assert_eq!(body["bits"], 4);
+        // The puzzle verifies for alice on item 7 (everything but the single-use spend).
+        let puzzle = body["challenge"].as_str().unwrap();
+        let keys = &sh.challenges.settings().keys;
+        let v = keys.verify(puzzle, "alice", 1, 7, unix_ms());
+        assert_eq!(v.expect("a valid puzzle").bits, 4);
+        assert!(keys.verify(puzzle, "bob", 1, 7, unix_ms()).is_err());
+
+        // No challenge on the activity: the same route answers `required: false`.
+        one_item_activity(&sh, Some(0));
+        let (_, _, body) = answered(&sh, &req).unwrap();
+        assert_eq!(body, serde_json::json!({"required": false}));
+    }
+
+    #[test]
+    fn a_challenge_issue_refused_here_is_traced_and_a_queueing_room_goes_to_pingora() {
+        let sh = shared();
+        one_item_activity(&sh, Some(4));
+        let (_, head, body) = answered(&sh, &challenge_request("")).unwrap();
+        assert!(head.starts_with("HTTP/1.1 401 "), "{head}");
+        assert_eq!(body["error"]["code"], "unauthenticated");
+        assert_eq!(body["trace_id"], "0af7651916cd43dd8448eb211c80319c");
+        let (jwt, _) = sh.jwt().issue("alice", 60, unix_ms()).unwrap();
+        let auth = format!("authorization: Bearer {jwt}\r\n");
+        let (_, head, body) = answered(
+            &sh,
+            &challenge_request(&auth).replace("/items/7/", "/items/8/"),
+        )
+        .unwrap();
+        assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+        assert_eq!(body["error"]["message"], "no such item");
+
+        for (method, code) in [("fifo", None), ("random", None), ("reject", Some(503))] {
+            let sh = crate::shared::for_test(&format!("[room]\nmethod = \"{method}\"\n"));
+            one_item_activity(&sh, Some(4));
+            let got = answered(&sh, &challenge_request(&auth)).map(|(a, _, _)| a.status);
+            assert_eq!(got, code, "{method}");
+        }
+    }
+
+    #[test]
+    fn a_sold_out_reserve_is_refused_here_but_for_a_holder_who_goes_to_pingora() {
+        use base64::Engine as _;
+        let sh = shared();
+        one_item_activity(&sh, None);
         sh.catalog
             .set_holders(1, 7, [Box::from("alice")].into_iter().collect());
         let jwt = |sub: &str| {
@@ -385,8 +598,8 @@ mod tests {
         ] {
             let req = reserve(&auth);
             match scan(&sh, req.as_bytes(), FREE) {
-                Scan::Refuse { len, answer } => {
-                    assert!(matches!(answer.refusal, Refusal::SoldOut), "{auth}");
+                Scan::Answered { len, answer } => {
+                    assert!(matches!(answer.refusal, Some(Refusal::SoldOut)), "{auth}");
                     assert_eq!(len, req.len());
                 }
                 _ => panic!("not refused: {auth}"),

@@ -56,7 +56,7 @@ pub struct Ctx {
 
 /// The trace context of a request: a valid incoming `traceparent` continued with a new
 /// span id, else a new trace (a malformed header is replaced, never refused).
-fn trace_context(header: Option<&[u8]>) -> TraceParent {
+pub(crate) fn trace_context(header: Option<&[u8]>) -> TraceParent {
     let span: [u8; 8] = rand::random();
     match header
         .and_then(|h| std::str::from_utf8(h).ok())
@@ -143,6 +143,7 @@ impl Gateway {
                 user: None,
                 item: None,
                 admitted: None,
+                memo: None,
             };
             flow = match run(&EDGE, &mut cx) {
                 Flow::Go => run(&AUTHENTICATED, &mut cx),

@@ -25,8 +25,26 @@ fn not_zero(s: &str) -> bool {
     s.bytes().any(|b| b != b'0')
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Appends the lower-case hex of `bytes` (at most 16) to `out`, without a temporary
+/// string per byte: a trace context is made for every request the edge answers.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    let mut buf = [0u8; 32];
+    let buf = &mut buf[..2 * bytes.len()];
+    if hex::encode_to_slice(bytes, buf).is_ok() {
+        out.push_str(std::str::from_utf8(buf).unwrap_or_default());
+    }
+}
+
+/// `00-<trace>-<span>-<flags>`, written once into a string of the final size.
+fn assemble(trace: impl FnOnce(&mut String), span: [u8; 8], flags: &str) -> TraceParent {
+    let mut s = String::with_capacity(55);
+    s.push_str("00-");
+    trace(&mut s);
+    s.push('-');
+    push_hex(&mut s, &TraceParent::nonzero_span(span));
+    s.push('-');
+    s.push_str(flags);
+    TraceParent(s)
 }
 
 impl TraceParent {
@@ -70,25 +88,21 @@ impl TraceParent {
         if trace.iter().all(|&b| b == 0) {
             trace[15] = 1;
         }
-        Self(format!("00-{}-{}-01", hex(&trace), Self::span_hex(span)))
+        assemble(|s| push_hex(s, &trace), span, "01")
     }
 
     /// The same trace with this hop's own span id as the parent (what a hop that
     /// forwards a request sends on).
     pub fn child(&self, span: [u8; 8]) -> Self {
-        Self(format!(
-            "00-{}-{}-{}",
-            self.trace_id(),
-            Self::span_hex(span),
-            self.flags()
-        ))
+        assemble(|s| s.push_str(self.trace_id()), span, self.flags())
     }
 
-    fn span_hex(mut span: [u8; 8]) -> String {
+    /// `span`, an all-zero draw (which the spec forbids) nudged to 1.
+    fn nonzero_span(mut span: [u8; 8]) -> [u8; 8] {
         if span.iter().all(|&b| b == 0) {
             span[7] = 1;
         }
-        hex(&span)
+        span
     }
 
     /// The 32 hex digits naming the whole trace (what the logs and answers show).

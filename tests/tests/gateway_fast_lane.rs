@@ -5,7 +5,9 @@
 //! same tokens. And the framing cases: pipelined requests, a request split in bytes, a
 //! body, chunked bodies and the hand-over to pingora in the middle of a connection.
 
-use seckill_tests::gateway::{bucket, set, GatewayHandle, RawHttp, RawResponse, Stack};
+use seckill_tests::gateway::{
+    bucket, metric_value, set, GatewayHandle, RawHttp, RawResponse, Stack,
+};
 use seckill_tests::process::wait_until_async;
 use std::time::Duration;
 
@@ -294,4 +296,96 @@ async fn pipelined_split_and_chunked_requests_are_framed_and_handed_over_whole()
         .unwrap();
     let r = c.response().await.unwrap();
     assert!([410, 413].contains(&r.status), "{r:?}");
+}
+
+/// [`comparable`] with the puzzle's own fields (new per request) blanked.
+fn comparable_challenge(r: &RawResponse) -> (u16, Vec<(String, String)>, serde_json::Value) {
+    let (status, headers, _) = comparable(r);
+    let mut body = r.json();
+    for k in ["challenge", "seed", "expires_at_ms", "trace_id"] {
+        if let Some(v) = body.get_mut(k) {
+            *v = serde_json::Value::Null;
+        }
+    }
+    let headers = headers
+        .into_iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
+        .collect();
+    (status, headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn challenge_issues_are_answered_in_the_lane_as_the_pipeline_answers_them() {
+    let s = Stack::start().await;
+    // Three tokens per user, one back every 2 s: the lane must take them as the
+    // pipeline does.
+    let user_limited = |on: bool| {
+        move |c: &mut gateway::toml::Table| {
+            fast_lane(on)(c);
+            set(c, "limits", "per_user", bucket(0.5, 3.0));
+        }
+    };
+    let fast = s.gateway(user_limited(true)).await;
+    let slow = s.gateway(user_limited(false)).await;
+    let mut req = seckill_tests::stockd::sale_request(
+        &[(100, 100)],
+        2,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+        1,
+    );
+    req.challenge_bits = 5;
+    let mut admin = s.stockd.admin_client().await;
+    let act = seckill_tests::stockd::create_and_publish(&mut admin, req).await;
+    let (a, item) = (act.id, act.items[0].id);
+    fast.wait_activity(a).await;
+    slow.wait_activity(a).await;
+    let jwt = fast.dev_token("carol").await;
+
+    let issue = |auth: &str, s: u64| {
+        format!(
+            "POST /api/v1/activities/{a}/items/{s}/challenge HTTP/1.1\r\nHost: gw\r\n{auth}\
+             Content-Length: 0\r\n\r\n"
+        )
+    };
+    let bearer = format!("Authorization: Bearer {jwt}\r\n");
+    let requests = [
+        issue(&bearer, item),
+        issue("", item),
+        issue("Authorization: Bearer not.a.jwt\r\n", item),
+        issue(&bearer, item + 1000),
+        issue(&bearer, item),
+        issue(&bearer, item),
+    ];
+    let [f, sl] = both(&fast, &slow, &requests).await;
+    let statuses: Vec<u16> = f.iter().map(|r| r.status).collect();
+    // Three tokens for carol: the issue, the unknown item, the issue; then 429.
+    assert_eq!(statuses, [200, 401, 401, 404, 200, 429], "{f:?}");
+    assert_eq!(f[0].json()["required"], true);
+    assert_eq!(f[0].json()["bits"], 5);
+    assert!(f[0].header("traceparent").is_some());
+    for (x, y) in f.iter().zip(&sl) {
+        assert_eq!(comparable_challenge(x), comparable_challenge(y));
+        assert_eq!(x.header("connection"), Some("keep-alive"));
+    }
+
+    // The lane's puzzle is a real one: solved, it buys carol a purchase token (where it
+    // was issued: each test gateway signs with a key of its own process).
+    let p = f[0].json()["challenge"].as_str().unwrap().to_string();
+    let nonce = gateway::fair::challenge::puzzle::nonce_of(&p).expect("a nonce");
+    let solutions = gateway::fair::challenge::puzzle::solve(&nonce, 5, 32);
+    let metrics = fast.metrics().await;
+    let issued = metric_value(&metrics, "gateway_challenge_issued_total", "bits=\"5\"");
+    assert_eq!(issued, Some(2.0), "the lane counts its issues");
+    // carol's bucket took a token back meanwhile (0.5/s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = fast
+        .post(
+            &format!("/api/v1/activities/{a}/items/{item}/token"),
+            Some(&jwt),
+            serde_json::json!({"challenge": p, "solutions": solutions}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body["purchase_token"].is_string(), "{}", r.body);
 }

@@ -60,6 +60,8 @@ pub struct Challenges {
 pub struct ChallengeMetrics {
     /// Puzzles issued, by difficulty (bounded: 1..=24 bits).
     pub issued: IntCounterVec,
+    /// `issued`'s series for 0..=32 bits, looked up once each (an issue is a hot path).
+    issued_at: [std::sync::OnceLock<prometheus::IntCounter>; 33],
     /// Redeems by result: `ok`, each refusal code without its `challenge_` prefix,
     /// `unavailable` (the single-use check could not be made).
     pub redeems: IntCounterVec,
@@ -105,6 +107,7 @@ impl ChallengeMetrics {
         }
         Self {
             issued,
+            issued_at: std::array::from_fn(|_| std::sync::OnceLock::new()),
             redeems,
             solve_seconds,
         }
@@ -116,8 +119,12 @@ impl ChallengeMetrics {
             "16", "17", "18", "19", "20", "21", "22", "23", "24", "25", "26", "27", "28", "29",
             "30", "31", "32",
         ];
-        let label = LABELS.get(bits as usize).copied().unwrap_or("other");
-        self.issued.with_label_values(&[label]).inc();
+        match (LABELS.get(bits as usize), self.issued_at.get(bits as usize)) {
+            (Some(label), Some(c)) => c
+                .get_or_init(|| self.issued.with_label_values(&[label]))
+                .inc(),
+            _ => self.issued.with_label_values(&["other"]).inc(),
+        }
     }
 
     fn redeemed(&self, r: &Result<(), Redeem>) {
@@ -137,6 +144,46 @@ pub struct Issued {
     pub bits: u32,
     pub count: u32,
     pub exp_ms: u64,
+}
+
+/// The answer to a challenge request for an activity that asks none.
+pub const NOT_REQUIRED: &[u8] = br#"{"required":false}"#;
+
+/// The JSON answer to a challenge request (fields in name order, as a `json!` map
+/// writes them).
+#[derive(serde::Serialize)]
+struct Answer<'a> {
+    algorithm: &'static str,
+    bits: u32,
+    challenge: &'a str,
+    count: u32,
+    expected_hashes: u64,
+    expires_at_ms: u64,
+    required: bool,
+    seed: &'a str,
+}
+
+impl Issued {
+    /// The JSON answer carrying this puzzle.
+    pub fn answer(&self) -> Vec<u8> {
+        let mut seed = [0u8; 2 * puzzle::NONCE_LEN];
+        // The buffer is exactly twice the nonce's length.
+        let _ = hex::encode_to_slice(self.nonce, &mut seed);
+        let a = Answer {
+            algorithm: "sha256-leading-zero-bits",
+            bits: self.bits,
+            challenge: &self.puzzle,
+            count: self.count,
+            expected_hashes: u64::from(self.count) << self.bits,
+            expires_at_ms: self.exp_ms,
+            required: true,
+            seed: std::str::from_utf8(&seed).unwrap_or_default(),
+        };
+        // Sized once (the answer is about 150 bytes plus the puzzle).
+        let mut out = Vec::with_capacity(192 + self.puzzle.len());
+        let _ = serde_json::to_writer(&mut out, &a);
+        out
+    }
 }
 
 /// Why a redeem did not give a token.

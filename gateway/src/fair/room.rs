@@ -301,22 +301,30 @@ impl Room {
     /// `X-Room-Admission` or cookie `sk_admit_<a>`) is required; `reject` refuses
     /// everyone. No Redis call.
     pub fn gate(&self, a: u64, user: &str, headers: &http::HeaderMap, now_ms: u64) -> Gate {
-        match self.method(a) {
-            Method::Passthrough => Gate::Open,
-            Method::Reject => Gate::Refused(closed()),
-            Method::Fifo | Method::Random => {
-                let Some(t) = presented(headers, "x-room-admission", &admit_cookie(a)) else {
-                    return Gate::Refused(refusal(
-                        403,
-                        "admission_required",
-                        "join the waiting room first: this sale needs an admission token",
-                    ));
-                };
-                match self.signer.check_admission(&t, a, user, now_ms) {
-                    Ok(_) => Gate::Open,
-                    Err(e) => Gate::Refused(refusal(403, "bad_admission_token", e.message())),
-                }
-            }
+        if let Some(g) = Self::gate_without_token(self.method(a)) {
+            return g;
+        }
+        let Some(t) = presented(headers, "x-room-admission", &admit_cookie(a)) else {
+            return Gate::Refused(refusal(
+                403,
+                "admission_required",
+                "join the waiting room first: this sale needs an admission token",
+            ));
+        };
+        match self.signer.check_admission(&t, a, user, now_ms) {
+            Ok(_) => Gate::Open,
+            Err(e) => Gate::Refused(refusal(403, "bad_admission_token", e.message())),
+        }
+    }
+
+    /// The gate's verdict under `method` when it needs no admission token
+    /// (`passthrough` opens, `reject` refuses); `None` while the room queues. The fast
+    /// lane reads the method once and answers only these.
+    pub fn gate_without_token(method: Method) -> Option<Gate> {
+        match method {
+            Method::Passthrough => Some(Gate::Open),
+            Method::Reject => Some(Gate::Refused(closed())),
+            Method::Fifo | Method::Random => None,
         }
     }
 

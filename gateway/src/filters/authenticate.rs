@@ -21,7 +21,12 @@ impl Filter for Authenticate {
         let Some(token) = cx.bearer else {
             return Flow::Stop(Refusal::Unauthenticated(JwtError::Missing));
         };
-        match cx.shared.jwt().verify(token) {
+        let keys = cx.shared.jwt();
+        let verified = match cx.memo.as_deref_mut() {
+            Some(memo) => memo.verify(&keys, token, cx.now_unix_ms),
+            None => keys.verify(token),
+        };
+        match verified {
             Ok(user) => {
                 cx.user = Some(user);
                 Flow::Go

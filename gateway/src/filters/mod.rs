@@ -37,6 +37,7 @@ pub use window::Window;
 
 use crate::admission::Admitted;
 use crate::answer::Refusal;
+use crate::auth::TokenMemo;
 use crate::routes::Route;
 use crate::shared::{Compiled, Shared};
 use crate::sold_out::ItemLive;
@@ -54,6 +55,9 @@ pub struct Cx<'a> {
     pub user: Option<String>,
     pub item: Option<Arc<ItemLive>>,
     pub admitted: Option<Admitted>,
+    /// The connection's last verified bearer token, where the connection keeps one
+    /// (the fast lane's; `crate::auth::TokenMemo`).
+    pub memo: Option<&'a mut TokenMemo>,
 }
 
 /// A filter's verdict.
@@ -138,6 +142,7 @@ mod tests {
             user: None,
             item: None,
             admitted: None,
+            memo: None,
         }
     }
 

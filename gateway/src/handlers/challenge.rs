@@ -3,28 +3,48 @@
 //! activity's challenge is on. The sold-out, window and item checks ran before
 //! (`filters::Window`): a sold-out item answers 410 before any challenge work.
 
+use std::net::IpAddr;
+
 use pingora::prelude::*;
 use pingora::proxy::Session;
-use serde_json::json;
 
 use crate::answer::Refusal;
-use crate::fair::challenge::Redeem;
+use crate::fair::challenge::{Redeem, NOT_REQUIRED};
 use crate::fair::room::Gate;
 use crate::proxy::{Ctx, Gateway, Req};
+use crate::shared::Shared;
+
+/// The difficulty of `a` for a client at `ip`; 0 = no challenge.
+pub(crate) fn challenge_bits(shared: &Shared, ip: IpAddr, a: u64, now_ms: u64) -> u32 {
+    let act_bits = shared
+        .catalog
+        .get(a)
+        .map_or(Some(0), |act| act.challenge_bits);
+    shared.challenges.bits_for(a, act_bits, ip, now_ms)
+}
+
+/// The body of the answer to a challenge request the waiting room let through:
+/// `{"required": false}` when the activity asks none, else a signed puzzle for
+/// `(user, a, s)`. The pipeline below and the fast lane (`crate::fast_lane`) both
+/// answer with it.
+pub(crate) fn challenge_body(
+    shared: &Shared,
+    ip: IpAddr,
+    user: &str,
+    (a, s): (u64, u64),
+    (now_ms, now_unix_ms): (u64, u64),
+) -> Vec<u8> {
+    let bits = challenge_bits(shared, ip, a, now_ms);
+    if bits == 0 {
+        return NOT_REQUIRED.to_vec();
+    }
+    shared
+        .challenges
+        .issue(user, a, s, bits, now_unix_ms)
+        .answer()
+}
 
 impl Gateway {
-    /// The difficulty of `a` for this request's client; 0 = no challenge.
-    pub(crate) fn challenge_bits(&self, ctx: &Ctx, req: &Req<'_>, a: u64) -> u32 {
-        let act_bits = self
-            .shared
-            .catalog
-            .get(a)
-            .map_or(Some(0), |act| act.challenge_bits);
-        self.shared
-            .challenges
-            .bits_for(a, act_bits, ctx.client_ip, req.now_ms)
-    }
-
     /// A puzzle for `(user, a, s)`, or `{"required": false}` when the activity asks
     /// none.
     pub(crate) async fn challenge(
@@ -40,27 +60,14 @@ impl Gateway {
         if let Gate::Refused(r) = self.shared.room.gate(a, uid, headers, req.now_unix_ms) {
             return self.refuse(session, ctx, r).await;
         }
-        let bits = self.challenge_bits(ctx, &req, a);
-        if bits == 0 {
-            return self
-                .ok(session, ctx, 200, &json!({"required": false}))
-                .await;
-        }
-        let is = self
-            .shared
-            .challenges
-            .issue(uid, a, s, bits, req.now_unix_ms);
-        let body = json!({
-            "required": true,
-            "challenge": is.puzzle,
-            "algorithm": "sha256-leading-zero-bits",
-            "seed": hex::encode(is.nonce),
-            "bits": is.bits,
-            "count": is.count,
-            "expected_hashes": u64::from(is.count) << is.bits,
-            "expires_at_ms": is.exp_ms,
-        });
-        self.ok(session, ctx, 200, &body).await
+        let body = challenge_body(
+            &self.shared,
+            ctx.client_ip,
+            uid,
+            (a, s),
+            (req.now_ms, req.now_unix_ms),
+        );
+        self.ok_bytes(session, ctx, 200, body.into()).await
     }
 
     /// The redeem step of the token handler: `Ok(())` when the activity asks no
@@ -72,7 +79,7 @@ impl Gateway {
         req: &Req<'_>,
         (a, s): (u64, u64),
     ) -> Result<std::result::Result<(), Refusal>> {
-        if self.challenge_bits(ctx, req, a) == 0 {
+        if challenge_bits(&self.shared, ctx.client_ip, a, req.now_ms) == 0 {
             return Ok(Ok(()));
         }
         let has_body = session

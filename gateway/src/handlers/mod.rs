@@ -17,7 +17,7 @@
 //! the handlers as methods and imports nothing from here.
 
 mod activities;
-mod challenge;
+pub(crate) mod challenge;
 mod dev;
 mod events;
 mod orders;

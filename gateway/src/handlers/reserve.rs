@@ -114,6 +114,7 @@ impl Gateway {
                 user: user.clone(),
                 item: item.clone(),
                 admitted: None,
+                memo: None,
             };
             flow = run(&AFTER_BODY, &mut cx);
             admitted = cx.admitted.take();

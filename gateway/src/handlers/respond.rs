@@ -70,12 +70,24 @@ impl Gateway {
         status: u16,
         body: &Value,
     ) -> Result<bool> {
+        let bytes = serde_json::to_vec(body).unwrap_or_default();
+        self.ok_bytes(session, ctx, status, bytes.into()).await
+    }
+
+    /// [`Self::ok`] for a body already serialized.
+    pub(crate) async fn ok_bytes(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        status: u16,
+        body: bytes::Bytes,
+    ) -> Result<bool> {
         ctx.outcome = if status == 202 {
             Outcome::Reserved
         } else {
             Outcome::Ok
         };
-        answer::json_traced(session, status, body, ctx.trace.as_ref()).await?;
+        answer::json_bytes_traced(session, status, body, ctx.trace.as_ref()).await?;
         Ok(true)
     }
 
