@@ -22,12 +22,26 @@ use std::sync::Arc;
 
 pub use keys::KeyError;
 
-/// The claims a verified token must have (`exp` is checked by the validation, which
-/// requires it as an integer, so a token that passes always reads here).
+/// The claims a verified token must have (`exp` is checked by the validation; it is
+/// read here only to know how long the token stays valid: see [`TokenMemo`]).
 #[derive(Debug, Deserialize)]
 struct Subject {
     sub: String,
-    exp: u64,
+    /// Any JSON: the validation accepts an integer or a finite non-negative float, and
+    /// reading it must never refuse a token the validation accepted.
+    #[serde(default)]
+    exp: serde_json::Value,
+}
+
+/// `exp` as the validation reads it (jsonwebtoken's numeric date: an integer, or a
+/// finite non-negative float rounded); `None` when it cannot say.
+fn exp_secs(exp: &serde_json::Value) -> Option<u64> {
+    let n = exp.as_number()?;
+    n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0 && *f < u64::MAX as f64)
+            .map(|f| f.round() as u64)
+    })
 }
 
 /// The claims of a dev token.
@@ -141,8 +155,8 @@ impl Jwt {
 
     /// The user id of a valid token, and the last unix second at which this key set
     /// still accepts it (its `exp` plus the leeway: the validation refuses a token once
-    /// `exp < now - leeway`).
-    pub fn verify_until(&self, token: &str) -> Result<(String, u64), JwtError> {
+    /// `exp < now - leeway`), when its `exp` says.
+    pub fn verify_until(&self, token: &str) -> Result<(String, Option<u64>), JwtError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| JwtError::Malformed)?;
         let key = match header.kid.as_deref() {
             Some(kid) => self
@@ -167,7 +181,7 @@ impl Jwt {
         if !valid_user_id(&data.claims.sub) {
             return Err(JwtError::BadSubject);
         }
-        let until = data.claims.exp.saturating_add(key.validation.leeway);
+        let until = exp_secs(&data.claims.exp).map(|e| e.saturating_add(key.validation.leeway));
         Ok((data.claims.sub, until))
     }
 
@@ -223,7 +237,8 @@ impl TokenMemo {
             }
         }
         let (user, until_s) = keys.verify_until(token)?;
-        self.0 = Some(Memo {
+        // A token whose expiry cannot be read is verified each time, never remembered.
+        self.0 = until_s.map(|until_s| Memo {
             token: token.into(),
             user: user.clone(),
             until_s,
@@ -341,6 +356,24 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2100));
         assert_eq!(memo.verify(&keys, &bob, now_ms()), Err(JwtError::Expired));
         assert_eq!(keys.verify(&bob), Err(JwtError::Expired));
+    }
+
+    #[test]
+    fn a_float_exp_the_validation_accepts_is_accepted_and_read() {
+        let keys = Arc::new(hs());
+        let exp = (now_ms() / 1000 + 60) as f64 + 0.5;
+        let t = sign(
+            SECRET,
+            None,
+            serde_json::json!({"sub": "carol", "exp": exp}),
+        );
+        assert_eq!(keys.verify(&t).unwrap(), "carol");
+        let (_, until) = keys.verify_until(&t).unwrap();
+        assert_eq!(until, Some(exp.round() as u64));
+        let mut memo = TokenMemo::default();
+        assert_eq!(memo.verify(&keys, &t, now_ms()).unwrap(), "carol");
+        assert_eq!(exp_secs(&serde_json::json!("soon")), None);
+        assert_eq!(exp_secs(&serde_json::json!(-1.0)), None);
     }
 
     #[test]

@@ -306,22 +306,29 @@ fn scan(
         memo: Some(memo),
     };
     let start = Instant::now();
+    // The pipeline makes a trace context for every request and logs its id; the lane
+    // does for the route it answers past the refusals (their canned bytes carry none).
+    let trace =
+        matches!(route, Route::Challenge(..)).then(|| crate::proxy::trace_context(traceparent));
     if let Some(refusal) = decide(&mut cx) {
         if !shared.prebuilt.wire(&refusal, out) {
             return Scan::Pingora;
         }
-        let answer = Answer::refused(refusal, route.class(), client, post, start);
+        let mut answer = Answer::refused(refusal, route.class(), client, post, start);
+        answer.trace = trace;
         return Scan::Answered { len, answer };
     }
-    match route {
-        Route::Challenge(a, s) => match Room::gate_without_token(shared.room.method(a)) {
-            Some(gate) => {
-                let answer = challenge(&mut cx, (a, s), gate, traceparent, (post, start), out);
-                Scan::Answered { len, answer }
+    match (&route, trace) {
+        (&Route::Challenge(a, s), Some(trace)) => {
+            match Room::gate_without_token(shared.room.method(a)) {
+                Some(gate) => {
+                    let answer = challenge(&mut cx, (a, s), gate, trace, (post, start), out);
+                    Scan::Answered { len, answer }
+                }
+                // The room queues: the answer depends on the admission token (pingora).
+                None => Scan::Pingora,
             }
-            // The room queues: the answer depends on the admission token (pingora).
-            None => Scan::Pingora,
-        },
+        }
         _ => Scan::Pingora,
     }
 }
@@ -338,14 +345,19 @@ fn challenge(
     cx: &mut Cx<'_>,
     (a, s): (u64, u64),
     gate: Gate,
-    traceparent: Option<&[u8]>,
+    trace: TraceParent,
     (post, start): (bool, Instant),
     out: &mut Vec<u8>,
 ) -> Answer {
-    let trace = crate::proxy::trace_context(traceparent);
     let flow = match filters::run(&EDGE, cx) {
         Flow::Go => filters::run(&AUTHENTICATED, cx),
         stop => stop,
+    };
+    // The access log names the user once the filters let the request through, as
+    // `proxy.rs` does (a filter's refusal is logged without one).
+    let user = match flow {
+        Flow::Go => cx.user.take(),
+        Flow::Stop(_) => None,
     };
     let refusal = match (flow, gate) {
         (Flow::Stop(r), _) | (Flow::Go, Gate::Refused(r)) => Some(r),
@@ -358,11 +370,10 @@ fn challenge(
             (r.outcome(), r.status())
         }
         None => {
-            let user = cx.user.as_deref().unwrap_or_default();
             let body = challenge_body(
                 cx.shared,
                 cx.client_ip,
-                user,
+                user.as_deref().unwrap_or_default(),
                 (a, s),
                 (cx.now_ms, cx.now_unix_ms),
             );
@@ -378,7 +389,7 @@ fn challenge(
         client: cx.client_ip,
         post,
         start,
-        user: cx.user.take(),
+        user,
         trace: Some(trace),
     }
 }
@@ -555,12 +566,15 @@ mod tests {
         assert_eq!(body["trace_id"], "0af7651916cd43dd8448eb211c80319c");
         let (jwt, _) = sh.jwt().issue("alice", 60, unix_ms()).unwrap();
         let auth = format!("authorization: Bearer {jwt}\r\n");
-        let (_, head, body) = answered(
+        let (answer, head, body) = answered(
             &sh,
             &challenge_request(&auth).replace("/items/7/", "/items/8/"),
         )
         .unwrap();
         assert!(head.starts_with("HTTP/1.1 404 "), "{head}");
+        // Refused by a filter: logged without the user, as the pipeline logs it.
+        assert_eq!(answer.user, None);
+        assert!(answer.trace.is_some());
         assert_eq!(body["error"]["message"], "no such item");
 
         for (method, code) in [("fifo", None), ("random", None), ("reject", Some(503))] {
