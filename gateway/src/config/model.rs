@@ -72,7 +72,8 @@ pub struct Server {
     /// Accept HTTP/2 with prior knowledge (h2c) on the plain listeners. Default false.
     pub h2c: bool,
     /// Answer the hot refusals of plain HTTP/1.1 requests (banned IP, per-IP or route
-    /// bucket empty, item sold out) straight from the socket, before pingora builds a
+    /// bucket empty, item sold out) and the challenge issue (while the activity's room
+    /// needs no admission token) straight from the socket, before pingora builds a
     /// session: the same answers and side effects, at about half the CPU. Every other
     /// request, and the rest of its connection, goes to pingora (`fast_lane.rs`).
     /// Default true.
