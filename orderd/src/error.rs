@@ -44,6 +44,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// MySQL chose this transaction as a deadlock's victim (SQLSTATE 40001, error
+    /// 1213) and rolled all of it back: running it again from the start is safe.
+    pub fn is_deadlock(&self) -> bool {
+        match self {
+            Error::Db(e) => e
+                .as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "40001"),
+            _ => false,
+        }
+    }
+
     pub fn invalid(field: &'static str, problem: impl Into<String>) -> Self {
         Self::InvalidArgument {
             field,

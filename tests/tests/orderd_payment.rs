@@ -445,3 +445,35 @@ async fn when_pay_and_timeout_race_each_order_ends_paid_or_cancelled_and_stock_r
     }
     assert_eq!(orderd.metrics.timeouts.get() as i64, cancelled);
 }
+
+/// Two transactions locking two rows in opposite order: MariaDB picks one as the
+/// deadlock's victim, and orderd recognises that error as one to run again (its pay,
+/// cancel and callback transitions do, so a pay that crosses the timeout sweep is not
+/// answered UNAVAILABLE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_victim_is_recognised_as_safe_to_run_again() {
+    let db = seckill_tests::mysql::TestDb::create().await;
+    let pool = db.pool();
+    sqlx::query("CREATE TABLE crossing (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO crossing VALUES (1, 0), (2, 0)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let (mut a, mut b) = (pool.begin().await.unwrap(), pool.begin().await.unwrap());
+    let lock = "SELECT v FROM crossing WHERE id = ? FOR UPDATE";
+    sqlx::query(lock).bind(1).execute(&mut *a).await.unwrap();
+    sqlx::query(lock).bind(2).execute(&mut *b).await.unwrap();
+    let (ra, rb) = tokio::join!(sqlx::query(lock).bind(2).execute(&mut *a), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        sqlx::query(lock).bind(1).execute(&mut *b).await
+    });
+    let victim = match (ra, rb) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => orderd::error::Error::Db(e),
+        other => panic!("want exactly one deadlock victim, got {other:?}"),
+    };
+    assert!(victim.is_deadlock(), "{victim:?}");
+    assert!(!orderd::error::Error::NotFound("order").is_deadlock());
+}

@@ -14,6 +14,34 @@ use super::Db;
 use crate::error::{Error, Result};
 use crate::model::{now, Change, OrderRow, ReturnReason, Status, ORDER_COLUMNS};
 
+/// How many times a buyer's transition is run again after MySQL picked it as a
+/// deadlock's victim (the timeout sweep locks many rows, a pay or a cancel one: they
+/// can cross), before the caller is told UNAVAILABLE (retry).
+const DEADLOCK_RETRIES: u32 = 3;
+
+/// Runs `tx` (one whole transaction) again while it ends as a deadlock's victim, up to
+/// [`DEADLOCK_RETRIES`] times: InnoDB rolled the victim back entirely, so nothing of a
+/// failed attempt stays.
+async fn retry_deadlocks<T, F, Fut>(mut tx: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match tx().await {
+            Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
+                attempt += 1;
+                tracing::info!(
+                    attempt,
+                    "transaction chosen as a deadlock victim; run again"
+                );
+            }
+            r => return r,
+        }
+    }
+}
+
 impl Db {
     /// `PENDING -> PAID` on a row the transaction holds locked; the status guard keeps
     /// it a no-op for any other state.
@@ -61,6 +89,15 @@ impl Db {
         user: Option<&str>,
         provider_ref: Option<&str>,
     ) -> Result<(Change, OrderRow)> {
+        retry_deadlocks(|| self.pay_once(id, user, provider_ref)).await
+    }
+
+    async fn pay_once(
+        &self,
+        id: &str,
+        user: Option<&str>,
+        provider_ref: Option<&str>,
+    ) -> Result<(Change, OrderRow)> {
         let mut tx = self.pool.begin().await?;
         let row = Self::lock_order(&mut tx, id)
             .await?
@@ -84,6 +121,10 @@ impl Db {
     /// `PENDING → CANCELLED` by its owner; the unit goes back to MySQL stock in the
     /// same transaction and to Redis through the outbox.
     pub async fn cancel(&self, id: &str, user: Option<&str>) -> Result<(Change, OrderRow)> {
+        retry_deadlocks(|| self.cancel_once(id, user)).await
+    }
+
+    async fn cancel_once(&self, id: &str, user: Option<&str>) -> Result<(Change, OrderRow)> {
         let mut tx = self.pool.begin().await?;
         let row = Self::lock_order(&mut tx, id)
             .await?
@@ -205,6 +246,17 @@ impl Db {
     /// A verified provider callback: replay protection by `provider_ref`, the amount
     /// checked, then `PENDING → PAID`.
     pub async fn payment_callback(
+        &self,
+        id: &str,
+        amount_cents: i64,
+        provider_ref: &str,
+        timestamp_ms: i64,
+    ) -> Result<(Change, OrderRow)> {
+        retry_deadlocks(|| self.payment_callback_once(id, amount_cents, provider_ref, timestamp_ms))
+            .await
+    }
+
+    async fn payment_callback_once(
         &self,
         id: &str,
         amount_cents: i64,
