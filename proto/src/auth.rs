@@ -108,7 +108,7 @@ pub fn method_scope(path: &str) -> Scope {
         return Scope::Admin;
     };
     match (service, method) {
-        ("StockService", "Reserve" | "Release") => Scope::Reserve,
+        ("StockService", "Reserve" | "ReserveBatch" | "Release") => Scope::Reserve,
         ("StockService", "GetStock") => Scope::Read,
         ("OrderService", "GetOrder" | "WatchOrder" | "ListOrders") => Scope::Read,
         ("OrderService", "Pay" | "Cancel" | "PaymentCallback") => Scope::Pay,
@@ -470,6 +470,7 @@ mod tests {
         // The whole table, so that a new RPC shows here and gets a deliberate scope.
         let want = [
             ("/seckill.v1.StockService/Reserve", Scope::Reserve),
+            ("/seckill.v1.StockService/ReserveBatch", Scope::Reserve),
             ("/seckill.v1.StockService/Release", Scope::Reserve),
             ("/seckill.v1.StockService/GetStock", Scope::Read),
             ("/seckill.v1.OrderService/GetOrder", Scope::Read),

@@ -39,55 +39,58 @@ impl StockService for StockSvc {
         &self,
         req: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
-        // A malformed traceparent is dropped, not refused: tracing never fails a sale.
         let trace = req
             .metadata()
             .get(seckill_proto::trace::METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(TraceParent::parse)
-            .map(|t| Arc::<str>::from(t.as_str()));
+            .and_then(trace_parent);
         let r = req.into_inner();
-        let a = positive_id("activity_id", r.activity_id)?;
-        let s = positive_id("item_id", r.item_id)?;
-        let user = user_id("user_id", &r.user_id)?;
-        let request = request_id("request_id", &r.request_id)?;
-        let units = quantity("quantity", r.quantity)?;
-        let (outcome, window) = TRACE_PARENT
-            .scope(trace, self.app.reserve(a, s, &user, &request, units))
-            .await?;
-        let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
-        use pb::ReserveOutcome as O;
-        let mut item_remaining = 0;
-        let (outcome, reservation_id, remaining_hint, quantity) = match outcome {
-            Reserve::Reserved {
-                reservation_id,
-                remaining_hint,
-                quantity,
-                ..
-            } => (O::Reserved, reservation_id, remaining_hint, quantity),
-            Reserve::Duplicate {
-                reservation_id,
-                remaining_hint,
-                quantity,
-            } => (O::Duplicate, reservation_id, remaining_hint, quantity),
-            Reserve::SoldOut => (O::SoldOut, String::new(), 0, 0),
-            Reserve::NotEnough { remaining } => {
-                item_remaining = remaining;
-                (O::NotEnough, String::new(), remaining, 0)
+        Ok(Response::new(reserve_one(&self.app, r, trace).await?))
+    }
+
+    // The edge's path: every entry runs as a Reserve of its own, all at once, so they
+    // meet in the shards' group commit like concurrent unary calls would.
+    #[instrument(level = "debug", skip_all, fields(n = req.get_ref().entries.len()))]
+    async fn reserve_batch(
+        &self,
+        req: Request<pb::ReserveBatchRequest>,
+    ) -> Result<Response<pb::ReserveBatchResponse>, Status> {
+        let entries = req.into_inner().entries;
+        if entries.is_empty() || entries.len() > MAX_BATCH {
+            return Err(invalid(
+                "entries",
+                format!(
+                    "must hold 1..={MAX_BATCH} reservations, not {}",
+                    entries.len()
+                ),
+            )
+            .into());
+        }
+        let results = futures::future::join_all(entries.into_iter().map(|e| {
+            let app = &self.app;
+            async move {
+                let Some(r) = e.request else {
+                    return Err(Status::from(invalid("request", "must be set")));
+                };
+                reserve_one(app, r, trace_parent(&e.traceparent)).await
             }
-            Reserve::NotStarted => (O::NotStarted, String::new(), 0, 0),
-            Reserve::Ended => (O::Ended, String::new(), 0, 0),
-            Reserve::NotFound => (O::NotFound, String::new(), 0, 0),
-        };
-        Ok(Response::new(pb::ReserveResponse {
-            outcome: outcome as i32,
-            reservation_id,
-            remaining_hint,
-            start_at_ms,
-            end_at_ms,
-            quantity,
-            item_remaining,
         }))
+        .await
+        .into_iter()
+        .map(|r| match r {
+            Ok(response) => pb::ReserveResult {
+                code: 0,
+                message: String::new(),
+                response: Some(response),
+            },
+            Err(status) => pb::ReserveResult {
+                code: status.code() as i32,
+                message: status.message().to_string(),
+                response: None,
+            },
+        })
+        .collect();
+        Ok(Response::new(pb::ReserveBatchResponse { results }))
     }
 
     #[instrument(skip_all, fields(rid = %req.get_ref().reservation_id))]
@@ -123,6 +126,66 @@ impl StockService for StockSvc {
         let s = positive_id("item_id", r.item_id)?;
         Ok(Response::new(self.app.get_stock(a, s).await?))
     }
+}
+
+/// Most entries one `ReserveBatch` may carry.
+pub const MAX_BATCH: usize = 1024;
+
+/// The caller's W3C traceparent, validated: a malformed one is dropped, not refused
+/// (tracing never fails a sale).
+fn trace_parent(tp: &str) -> Option<Arc<str>> {
+    TraceParent::parse(tp).map(|t| Arc::<str>::from(t.as_str()))
+}
+
+/// One reservation, as `Reserve` answers it: the request parsed at the door (each
+/// refusal names its field), [`App::reserve`] under the buyer's trace context, the
+/// outcome as a response.
+async fn reserve_one(
+    app: &Arc<App>,
+    r: pb::ReserveRequest,
+    trace: Option<Arc<str>>,
+) -> Result<pb::ReserveResponse, Status> {
+    let a = positive_id("activity_id", r.activity_id)?;
+    let s = positive_id("item_id", r.item_id)?;
+    let user = user_id("user_id", &r.user_id)?;
+    let request = request_id("request_id", &r.request_id)?;
+    let units = quantity("quantity", r.quantity)?;
+    let (outcome, window) = TRACE_PARENT
+        .scope(trace, app.reserve(a, s, &user, &request, units))
+        .await?;
+    let (start_at_ms, end_at_ms) = window.unwrap_or((0, 0));
+    use pb::ReserveOutcome as O;
+    let mut item_remaining = 0;
+    let (outcome, reservation_id, remaining_hint, quantity) = match outcome {
+        Reserve::Reserved {
+            reservation_id,
+            remaining_hint,
+            quantity,
+            ..
+        } => (O::Reserved, reservation_id, remaining_hint, quantity),
+        Reserve::Duplicate {
+            reservation_id,
+            remaining_hint,
+            quantity,
+        } => (O::Duplicate, reservation_id, remaining_hint, quantity),
+        Reserve::SoldOut => (O::SoldOut, String::new(), 0, 0),
+        Reserve::NotEnough { remaining } => {
+            item_remaining = remaining;
+            (O::NotEnough, String::new(), remaining, 0)
+        }
+        Reserve::NotStarted => (O::NotStarted, String::new(), 0, 0),
+        Reserve::Ended => (O::Ended, String::new(), 0, 0),
+        Reserve::NotFound => (O::NotFound, String::new(), 0, 0),
+    };
+    Ok(pb::ReserveResponse {
+        outcome: outcome as i32,
+        reservation_id,
+        remaining_hint,
+        start_at_ms,
+        end_at_ms,
+        quantity,
+        item_remaining,
+    })
 }
 
 #[tonic::async_trait]
