@@ -11,6 +11,7 @@
 //! `Retry-After`; gRPC codes map to the HTTP statuses of `docs/http-api.md`.
 
 use crate::answer::Refusal;
+use crate::batch::Batcher;
 use crate::config::Upstreams;
 use crate::upstream::{Fleet, Fleets};
 use seckill_proto::auth::AttachToken;
@@ -24,13 +25,15 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::Code;
 
-type Stock = StockServiceClient<InterceptedService<Channel, AttachToken>>;
+/// A stockd endpoint's client.
+pub(crate) type Stock = StockServiceClient<InterceptedService<Channel, AttachToken>>;
 type Orders = OrderServiceClient<InterceptedService<Channel, AttachToken>>;
 
 /// The gRPC clients of one runtime: one per endpoint, in the fleets' order.
 #[derive(Clone)]
 pub struct Clients {
-    stock: Arc<[Stock]>,
+    /// Reservations, batched per endpoint (`crate::batch`).
+    stock: Arc<[Batcher]>,
     orders: Arc<[Orders]>,
     stock_fleet: Arc<Fleet>,
     order_fleet: Arc<Fleet>,
@@ -81,9 +84,12 @@ impl Clients {
             .endpoints()
             .iter()
             .map(|e| {
-                Ok(StockServiceClient::with_interceptor(
-                    endpoint(&e.url, u)?,
-                    token.clone(),
+                let client =
+                    StockServiceClient::with_interceptor(endpoint(&e.url, u)?, token.clone());
+                Ok(Batcher::new(
+                    client,
+                    u.reserve_batch_max,
+                    u.reserve_batch_inflight,
                 ))
             })
             .collect::<anyhow::Result<_>>()?;
@@ -135,25 +141,24 @@ impl Clients {
         quantity: u32,
         traceparent: Option<&str>,
     ) -> Result<(Reserve, i64), tonic::Status> {
-        // The buyer's trace context, for stockd to write into the stream entry.
-        let tp: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> =
-            traceparent.and_then(|t| t.parse().ok());
+        // With the buyer's trace context, for stockd to write into the stream entry.
+        let entry = || pb::ReserveBatchEntry {
+            request: Some(pb::ReserveRequest {
+                activity_id: a,
+                item_id: s,
+                user_id: user.to_string(),
+                request_id: request_id.to_string(),
+                quantity,
+            }),
+            traceparent: traceparent.unwrap_or_default().to_string(),
+        };
         let r = self
             .stock_fleet
-            .call(&self.stock, self.reserve_deadline, |mut c, left| {
-                let msg = pb::ReserveRequest {
-                    activity_id: a,
-                    item_id: s,
-                    user_id: user.to_string(),
-                    request_id: request_id.to_string(),
-                    quantity,
-                };
-                let mut r = req(msg, left);
-                if let Some(tp) = tp.clone() {
-                    r.metadata_mut().insert(seckill_proto::trace::METADATA, tp);
-                }
-                async move { c.reserve(r).await }
-            })
+            .call(
+                &self.stock,
+                self.reserve_deadline,
+                |c: Batcher, left| async move { c.reserve(entry, left).await },
+            )
             .await?;
         use pb::ReserveOutcome as O;
         let outcome = match O::try_from(r.outcome).unwrap_or(O::Unspecified) {

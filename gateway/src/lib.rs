@@ -11,7 +11,8 @@
 //! - state the filters read, importing nothing of the pipeline: [`shared`] (the hub),
 //!   [`ip_ban`], [`rate_limit`], [`sold_out`] (the catalog), [`auth`] (JWT),
 //!   [`purchase_token`], [`admission`] (the in-flight cap).
-//! - [`forward`]: gRPC clients and the mapping of gRPC answers to HTTP.
+//! - [`forward`]: gRPC clients and the mapping of gRPC answers to HTTP; [`batch`]: the
+//!   reservations to one stockd endpoint, batched into `ReserveBatch` calls.
 //! - [`upstream`]: the stockd and orderd fleets: health loops, endpoint choice,
 //!   failover.
 //! - [`answer`]: the refusals with their stable codes, canned where hot.
@@ -29,6 +30,7 @@ pub mod admin;
 pub mod admission;
 pub mod answer;
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod deadline;
 pub mod fair;

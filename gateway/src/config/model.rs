@@ -183,6 +183,18 @@ pub struct Upstreams {
     /// Deadline of a `Reserve` call, milliseconds; past it the client gets 503. Default 1000.
     #[serde(default = "d_reserve_deadline")]
     pub reserve_deadline_ms: u64,
+    /// Most reservations in one `StockService.ReserveBatch` call to one stockd
+    /// endpoint (1..=1024). The reservations that arrive while an endpoint has
+    /// `reserve_batch_inflight` calls out queue and go together in the next call; a
+    /// lone reservation goes at once, alone (no timer). 1 turns batching off: one unary
+    /// `Reserve` per reservation. Default 256.
+    #[serde(default = "d_reserve_batch_max")]
+    pub reserve_batch_max: usize,
+    /// Batch calls one gateway thread keeps in flight to one stockd endpoint (1..=64).
+    /// Fewer means larger batches (less CPU per reservation on both ends) and more
+    /// queueing; more means smaller batches. Default 2.
+    #[serde(default = "d_reserve_batch_inflight")]
+    pub reserve_batch_inflight: usize,
     /// Deadline of an orderd call, milliseconds. Default 2000.
     #[serde(default = "d_order_deadline")]
     pub order_deadline_ms: u64,
@@ -651,6 +663,12 @@ fn d_connect() -> u64 {
 }
 fn d_reserve_deadline() -> u64 {
     1000
+}
+fn d_reserve_batch_max() -> usize {
+    256
+}
+fn d_reserve_batch_inflight() -> usize {
+    2
 }
 fn d_order_deadline() -> u64 {
     2000

@@ -240,6 +240,16 @@ impl Validate for Config {
             "must be at least 1",
         )?;
         ensure(
+            (1..=crate::batch::MAX_BATCH).contains(&u.reserve_batch_max),
+            "upstreams.reserve_batch_max",
+            "must be 1..=1024 (1: no batching)",
+        )?;
+        ensure(
+            (1..=64).contains(&u.reserve_batch_inflight),
+            "upstreams.reserve_batch_inflight",
+            "must be 1..=64",
+        )?;
+        ensure(
             u.order_deadline_ms >= 1,
             "upstreams.order_deadline_ms",
             "must be at least 1",
