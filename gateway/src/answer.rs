@@ -432,6 +432,23 @@ impl Prebuilt {
             Canned::refusal_traced(r, trace).wire(out);
         }
     }
+
+    /// Appends the wire form of what [`Self::refuse`] writes: with `canned_ok` as
+    /// [`Self::wire_refusal`], else always built with `trace` (the fast lane's answers
+    /// after a backend call).
+    pub fn wire_refusal_as(
+        &self,
+        r: &Refusal,
+        trace: Option<&TraceParent>,
+        canned_ok: bool,
+        out: &mut Vec<u8>,
+    ) {
+        if canned_ok {
+            self.wire_refusal(r, trace, out);
+        } else {
+            Canned::refusal_traced(r, trace).wire(out);
+        }
+    }
 }
 
 impl Default for Prebuilt {

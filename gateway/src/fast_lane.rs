@@ -42,11 +42,11 @@ use crate::auth::TokenMemo;
 use crate::fair::room::{Gate, Room};
 use crate::filters::{self, Cx, Flow, AUTHENTICATED, EDGE};
 use crate::handlers::challenge::challenge_body;
+use crate::handlers::reserve::{reserve_answer, ReserveAnswer};
 use crate::routes::{self, Route};
 use crate::shared::{Answered, Shared};
 use bytes::{Buf, BytesMut};
 use pingora::server::ShutdownWatch;
-use seckill_lua::clock::unix_ms;
 use seckill_proto::trace::TraceParent;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -77,6 +77,22 @@ enum Scan {
     /// A complete request of `len` bytes (head and body), answered: the answer's bytes
     /// are in the scan's output buffer.
     Answered { len: usize, answer: Answer },
+    /// A complete reserve that the [`EDGE`] walk lets through: answered by [`reserve`].
+    Reserve(LaneReserve),
+}
+
+/// A reserve request found by the scan, to be answered here (it waits for stockd).
+struct LaneReserve {
+    /// Its length (head and body), its head's, and where its `authorization` value is.
+    len: usize,
+    head_len: usize,
+    authorization: Option<std::ops::Range<usize>>,
+    /// Its `content-type` is `application/json` (the pipeline's body rule).
+    json: bool,
+    item: (u64, u64),
+    client: IpAddr,
+    start: Instant,
+    trace: TraceParent,
 }
 
 /// An answer decided, with what the strikes, the metrics and the access log need.
@@ -145,6 +161,7 @@ where
         let (len, answer) = match scan(shared, &buf, peer, &mut out, &mut memo) {
             Scan::Pingora => return Lane::HandOver(buf),
             Scan::Answered { len, answer } => (len, answer),
+            Scan::Reserve(r) => (r.len, reserve(shared, &buf, r, &mut out, &mut memo).await),
             Scan::Partial => {
                 if buf.capacity() - buf.len() < 1024 {
                     buf.reserve(4096);
@@ -168,6 +185,7 @@ where
             Ok(()) => io.flush().await,
             Err(e) => Err(e),
         };
+        shared.metrics.fast_lane_answers.inc();
         if let Some(r) = &answer.refusal {
             shared.strike(answer.client, r);
         }
@@ -241,6 +259,7 @@ fn scan(
     let mut xff = None;
     let mut authorization = None;
     let mut traceparent = None;
+    let mut ctype = None;
     let mut header_bytes = 0;
     for h in req.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
@@ -266,6 +285,8 @@ fn scan(
         } else if name.eq_ignore_ascii_case(b"traceparent") {
             // The pipeline reads the first one (`HeaderMap::get`).
             traceparent = traceparent.or(Some(h.value));
+        } else if name.eq_ignore_ascii_case(b"content-type") {
+            ctype = ctype.or(Some(h.value));
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             || name.eq_ignore_ascii_case(b"expect")
             || name.eq_ignore_ascii_case(b"upgrade")
@@ -290,21 +311,10 @@ fn scan(
     let path = target.split('?').next().unwrap_or(target);
     let route = routes::route(&method, path);
     let client = crate::ip_ban::client_ip(peer, xff, &policy.lists.trusted);
-    let mut cx = Cx {
-        shared,
-        policy: &policy,
-        route: &route,
-        client_ip: client,
-        now_ms: shared.now_ms(),
-        now_unix_ms: unix_ms(),
-        // As `proxy.rs` reads it (no query-string token outside the events route).
-        bearer: crate::auth::bearer(authorization, None, false),
-        purchase_token: None,
-        user: None,
-        item: None,
-        admitted: None,
-        memo: Some(memo),
-    };
+    // As `proxy.rs` reads it (no query-string token outside the events route).
+    let bearer = crate::auth::bearer(authorization, None, false);
+    let mut cx = Cx::new(shared, &policy, &route, client, bearer);
+    cx.memo = Some(memo);
     let start = Instant::now();
     // The pipeline makes a trace context for every request and logs its id; the lane
     // does for the route it answers past the refusals (their canned bytes carry none).
@@ -329,7 +339,112 @@ fn scan(
                 None => Scan::Pingora,
             }
         }
+        (&Route::Reserve(a, s), _) => {
+            let at = |v: &[u8]| {
+                let from = v.as_ptr() as usize - buf.as_ptr() as usize;
+                from..from + v.len()
+            };
+            Scan::Reserve(LaneReserve {
+                len,
+                head_len,
+                authorization: authorization.map(at),
+                json: ctype
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .is_some_and(crate::handlers::respond::is_json),
+                item: (a, s),
+                client,
+                start,
+                trace: crate::proxy::trace_context(traceparent),
+            })
+        }
         _ => Scan::Pingora,
+    }
+}
+
+/// A reserve (`POST .../items/{s}/reserve`) that the [`EDGE`] steps let through,
+/// answered as the pipeline answers it: [`EDGE`] and [`AUTHENTICATED`] run for real
+/// (taking their tokens), the body read by the pipeline's rules (415 unless JSON, 400
+/// unless an object), then the pipeline's own `handlers::reserve::reserve_answer` (the
+/// [`crate::filters::AFTER_BODY`] steps and the stockd call) with a trace context made
+/// as `proxy.rs` makes it. Why here: a reservation through pingora's session cost about
+/// as much edge CPU again as the reservation's own work (issue 15); the lane answers
+/// it on the connection it read it from, as the sold-out answer is.
+async fn reserve(
+    shared: &Shared,
+    buf: &[u8],
+    r: LaneReserve,
+    out: &mut Vec<u8>,
+    memo: &mut TokenMemo,
+) -> Answer {
+    let policy = shared.policy();
+    let (a, s) = r.item;
+    let route = Route::Reserve(a, s);
+    let authorization = r.authorization.map(|at| &buf[at]);
+    let bearer = crate::auth::bearer(authorization, None, false);
+    let mut cx = Cx::new(shared, &policy, &route, r.client, bearer);
+    cx.memo = Some(memo);
+    let flow = match filters::run(&EDGE, &mut cx) {
+        Flow::Go => filters::run(&AUTHENTICATED, &mut cx),
+        stop => stop,
+    };
+    // The access log names the user once the filters let the request through.
+    let mut user = None;
+    let decided = match flow {
+        Flow::Stop(refusal) => ReserveAnswer::Refused {
+            refusal,
+            canned: true,
+        },
+        Flow::Go if !r.json => ReserveAnswer::Refused {
+            refusal: Refusal::UnsupportedMediaType,
+            canned: true,
+        },
+        Flow::Go => {
+            user = shared.access_log().then(|| cx.user.clone()).flatten();
+            match serde_json::from_slice::<serde_json::Value>(&buf[r.head_len..r.len]) {
+                Ok(body) if body.is_object() => match shared.clients().await {
+                    Ok(clients) => {
+                        cx.memo = None;
+                        reserve_answer(cx, &body, clients, Some(&r.trace), (a, s)).await
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot build the gRPC clients");
+                        ReserveAnswer::Refused {
+                            refusal: Refusal::BackendUnavailable(
+                                shared.cfg.upstreams.retry_after_secs,
+                            ),
+                            canned: false,
+                        }
+                    }
+                },
+                _ => ReserveAnswer::Refused {
+                    refusal: Refusal::BadRequest("the body is not a JSON object".into()),
+                    canned: true,
+                },
+            }
+        }
+    };
+    let (outcome, status, refusal) = match decided {
+        ReserveAnswer::Reserved(body) => {
+            answer::json_wire(202, &body, Some(&r.trace), out);
+            (Outcome::Reserved, 202, None)
+        }
+        ReserveAnswer::Refused { refusal, canned } => {
+            shared
+                .prebuilt
+                .wire_refusal_as(&refusal, Some(&r.trace), canned, out);
+            (refusal.outcome(), refusal.status(), Some(refusal))
+        }
+    };
+    Answer {
+        route: route.class(),
+        outcome,
+        status,
+        refusal,
+        client: r.client,
+        post: true,
+        start: r.start,
+        user,
+        trace: Some(r.trace),
     }
 }
 
@@ -412,6 +527,7 @@ fn decide(cx: &mut Cx<'_>) -> Option<Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use seckill_lua::clock::unix_ms;
     use std::net::Ipv4Addr;
 
     const DENIED: IpAddr = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));

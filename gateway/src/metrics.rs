@@ -30,6 +30,9 @@ pub struct Metrics {
     /// Published activities placed on a Redis Cluster this gateway is not configured
     /// with (no sold-out short-circuit for them).
     pub activities_on_unknown_cluster: IntGauge,
+    /// Requests the fast lane answered (the rest of `gateway_decisions_total` went
+    /// through pingora's session).
+    pub fast_lane_answers: IntCounter,
 }
 
 const N_OUT: usize = Outcome::ALL.len();
@@ -128,8 +131,15 @@ impl Metrics {
              [redis.clusters]: no sold-out short-circuit for them, stockd answers",
         )
         .expect("metric");
+        let fast_lane_answers = IntCounter::new(
+            "gateway_fast_lane_answers_total",
+            "Requests answered by the fast lane (plain HTTP/1.1, before pingora's session): \
+             the hot refusals, the challenge issue and reservations",
+        )
+        .expect("metric");
         for c in [
             Box::new(fleet_fallback.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(fast_lane_answers.clone()),
             Box::new(stock_poll_errors.clone()),
             Box::new(activities_on_unknown_cluster.clone()),
             Box::new(fleet_sync_errors.clone()),
@@ -170,6 +180,7 @@ impl Metrics {
             fleet_sync_errors,
             stock_poll_errors,
             activities_on_unknown_cluster,
+            fast_lane_answers,
         }
     }
 

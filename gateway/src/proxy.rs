@@ -20,7 +20,6 @@ use seckill_lua::clock::unix_ms;
 
 use crate::answer::{Outcome, Refusal};
 use crate::filters::{run, Cx, Flow, AUTHENTICATED, EDGE};
-use crate::forward::Clients;
 use crate::routes::{self, Route, RouteClass};
 use crate::shared::{Answered, Compiled, Shared};
 use crate::sold_out::ItemLive;
@@ -70,15 +69,11 @@ pub(crate) fn trace_context(header: Option<&[u8]>) -> TraceParent {
 /// The `ProxyHttp` implementation.
 pub struct Gateway {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) clients: tokio::sync::OnceCell<Clients>,
 }
 
 impl Gateway {
     pub fn new(shared: Arc<Shared>) -> Self {
-        Self {
-            shared,
-            clients: tokio::sync::OnceCell::new(),
-        }
+        Self { shared }
     }
 
     async fn handle(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {

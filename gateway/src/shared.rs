@@ -15,6 +15,7 @@ use crate::answer::{Outcome, Prebuilt, Refusal};
 use crate::auth::Jwt;
 use crate::config::{self, Config};
 use crate::fair::challenge::Challenges;
+use crate::forward::Clients;
 use crate::ip_ban::{Bans, StaticLists};
 use crate::metrics::Metrics;
 use crate::purchase_token::PurchaseTokens;
@@ -66,6 +67,9 @@ pub struct Shared {
     pub upstreams: Fleets,
     /// The waiting room of every activity.
     pub room: crate::fair::room::Room,
+    /// The gRPC clients, made on first use on the proxy's runtime (their tasks run
+    /// there): the pipeline's handlers and the fast lane's reserve share them.
+    clients: tokio::sync::OnceCell<Clients>,
 }
 
 impl Shared {
@@ -96,7 +100,15 @@ impl Shared {
             ),
             metrics,
             cfg,
+            clients: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The gRPC clients (made on the first call, inside the runtime that calls).
+    pub async fn clients(&self) -> anyhow::Result<&Clients> {
+        self.clients
+            .get_or_try_init(|| async { Clients::new(&self.cfg.upstreams, &self.upstreams) })
+            .await
     }
 
     /// Milliseconds on the gateway's monotonic clock.

@@ -389,3 +389,129 @@ async fn challenge_issues_are_answered_in_the_lane_as_the_pipeline_answers_them(
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body["purchase_token"].is_string(), "{}", r.body);
 }
+
+/// [`comparable`] with the reservation's id (each gateway's buyer has their own) and the
+/// length it sets blanked.
+fn comparable_reserve(r: &RawResponse) -> (u16, Vec<(String, String)>, String) {
+    let (status, headers, body) = comparable(r);
+    let mut body = String::from_utf8(body).unwrap();
+    let v = r.json();
+    let rid = v["reservation_id"]
+        .as_str()
+        .or(v["error"]["reservation_id"].as_str());
+    if let Some(rid) = rid {
+        body = body.replace(rid, "<rid>");
+    }
+    let headers = headers
+        .into_iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
+        .collect();
+    (status, headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_answered_in_the_lane_as_the_pipeline_answers_them() {
+    let s = Stack::start().await;
+    let fast = s.gateway(fast_lane(true)).await;
+    let slow = s.gateway(fast_lane(false)).await;
+    let act = s.open_activity(&[(100, 100)]).await;
+    let (a, item) = (act.id, act.items[0].id);
+    fast.wait_activity(a).await;
+    slow.wait_activity(a).await;
+
+    // Each gateway's buyer (one reservation per user and item), the same requests.
+    let mut answers = Vec::new();
+    for (gw, user) in [(&fast, "dave"), (&slow, "erin")] {
+        let jwt = gw.dev_token(user).await;
+        let t = gw
+            .post(
+                &format!("/api/v1/activities/{a}/items/{item}/token"),
+                Some(&jwt),
+                serde_json::json!({}),
+            )
+            .await;
+        assert_eq!(t.status, 200, "{}", t.body);
+        let pt = t.body["purchase_token"].as_str().unwrap().to_string();
+        let auth = format!("Authorization: Bearer {jwt}\r\n");
+        let req = |auth: &str, ctype: &str, body: &str| {
+            format!(
+                "POST /api/v1/activities/{a}/items/{item}/reserve HTTP/1.1\r\nHost: gw\r\n{auth}\
+                 Content-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let json = "application/json";
+        let with = |fields: &str| format!(r#"{{"purchase_token":"{pt}"{fields}}}"#);
+        let requests = [
+            req(&auth, json, &with(r#","request_id":"r1""#)),
+            req(&auth, json, &with(r#","request_id":"r1""#)),
+            req(&auth, json, &with(r#","request_id":"r2""#)),
+            req("", json, &with("")),
+            req(&auth, "text/plain", &with("")),
+            req(&auth, json, "[1]"),
+            req(&auth, json, r#"{"purchase_token":"forged"}"#),
+            req(&auth, json, &with(r#","quantity":0"#)),
+            req(&auth, json, &with(r#","request_id":"a|b""#)),
+        ];
+        let mut got = Vec::new();
+        for r in &requests {
+            let mut c = RawHttp::connect(port(gw)).await;
+            c.send(r.as_bytes()).await.unwrap();
+            got.push(c.response().await.expect("an answer"));
+        }
+        answers.push(got);
+    }
+    let [f, sl] = [&answers[0], &answers[1]];
+    let statuses: Vec<u16> = f.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        [202, 202, 409, 401, 415, 400, 403, 400, 400],
+        "{f:?}"
+    );
+    // A resend answers the same reservation, another request id names it as held.
+    let rid = f[0].json()["reservation_id"].as_str().unwrap().to_string();
+    assert_eq!(f[1].json()["reservation_id"], rid.as_str());
+    assert_eq!(f[0].json()["state"], "QUEUED");
+    assert!(f[0].header("traceparent").is_some());
+    for (x, y) in f.iter().zip(sl) {
+        assert_eq!(comparable_reserve(x), comparable_reserve(y));
+        assert_eq!(x.header("connection"), Some("keep-alive"));
+    }
+
+    // The lane answered them (the pipeline-only gateway answered none in its lane), and
+    // keeps the connection: two buyers' reservations in a row on one connection.
+    let lane = |m: &str| metric_value(m, "gateway_fast_lane_answers_total", "").unwrap_or(0.0);
+    assert!(lane(&fast.metrics().await) >= 9.0);
+    assert_eq!(lane(&slow.metrics().await), 0.0);
+    let mut c = RawHttp::connect(port(&fast)).await;
+    for user in ["frank", "grace"] {
+        let jwt = fast.dev_token(user).await;
+        let t = fast
+            .post(
+                &format!("/api/v1/activities/{a}/items/{item}/token"),
+                Some(&jwt),
+                serde_json::json!({}),
+            )
+            .await;
+        let body = format!(r#"{{"purchase_token":{}}}"#, t.body["purchase_token"]);
+        let r = format!(
+            "POST /api/v1/activities/{a}/items/{item}/reserve HTTP/1.1\r\nHost: gw\r\n\
+             Authorization: Bearer {jwt}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        c.send(r.as_bytes()).await.unwrap();
+        let answer = c
+            .response()
+            .await
+            .expect("an answer on the same connection");
+        assert_eq!(answer.status, 202, "{answer:?}");
+    }
+    // Four buyers, four units held (no unit twice, none lost to a resend).
+    let mut stock = s.stockd.stock_client().await;
+    let st = seckill_tests::stockd::stock_status(&mut stock, a, item)
+        .await
+        .unwrap();
+    assert_eq!(st.reserved, 4);
+    assert_eq!(st.remaining, 96);
+}

@@ -60,6 +60,33 @@ pub struct Cx<'a> {
     pub memo: Option<&'a mut TokenMemo>,
 }
 
+impl<'a> Cx<'a> {
+    /// The context of a request from `client_ip` to `route` arriving now, with the
+    /// `bearer` token it carries, before any filter ran.
+    pub fn new(
+        shared: &'a Shared,
+        policy: &'a Compiled,
+        route: &'a Route,
+        client_ip: IpAddr,
+        bearer: Option<&'a str>,
+    ) -> Self {
+        Self {
+            shared,
+            policy,
+            route,
+            client_ip,
+            now_ms: shared.now_ms(),
+            now_unix_ms: seckill_lua::clock::unix_ms(),
+            bearer,
+            purchase_token: None,
+            user: None,
+            item: None,
+            admitted: None,
+            memo: None,
+        }
+    }
+}
+
 /// A filter's verdict.
 #[derive(Debug)]
 pub enum Flow {

@@ -22,5 +22,5 @@ mod dev;
 mod events;
 mod orders;
 mod payments;
-mod reserve;
-mod respond;
+pub(crate) mod reserve;
+pub(crate) mod respond;

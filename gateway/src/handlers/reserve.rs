@@ -9,9 +9,10 @@ use pingora::proxy::Session;
 
 use crate::answer::Refusal;
 use crate::filters::{run, Cx, Flow, AFTER_BODY};
-use crate::forward::Reserve;
+use crate::forward::{Clients, Reserve};
 use crate::proxy::{Ctx, Gateway, Req};
 use crate::purchase_token::request_id_from_token;
+use seckill_proto::trace::TraceParent;
 use serde_json::{json, Value};
 
 /// Largest `quantity` a reserve body may name (stockd's largest `per_user_limit`).
@@ -59,103 +60,144 @@ impl Gateway {
         req: Req<'_>,
         (a, s): (u64, u64),
     ) -> Result<bool> {
-        let shared = &*self.shared;
-        let Req {
-            policy,
-            route,
-            user,
-            item,
-            now_ms,
-            now_unix_ms,
-        } = req;
-        let body = match self.body(session, &policy.protection).await? {
+        let body = match self.body(session, &req.policy.protection).await? {
             Ok(b) => b,
             Err(r) => return self.refuse(session, ctx, r).await,
         };
-        let token = body.get("purchase_token").and_then(Value::as_str);
-        let request_id = match body.get("request_id") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(r)) if seckill_lua::user::check_id(r).is_ok() => Some(r.clone()),
-            Some(_) => {
-                let why = "request_id: 1..=64 printable ASCII characters, no '|'";
-                return self
-                    .refuse(session, ctx, Refusal::BadRequest(why.into()))
-                    .await;
-            }
-        };
-        // 1..=100 units (the activity's own per_user_limit is stockd's to check: it
-        // answers INVALID_ARGUMENT naming `quantity`, a 400 here); absent or null is 1.
-        let quantity = match body.get("quantity") {
-            None | Some(Value::Null) => 1,
-            Some(Value::Number(n))
-                if n.as_u64().is_some_and(|q| (1..=MAX_QUANTITY).contains(&q)) =>
-            {
-                n.as_u64().unwrap_or(1) as u32
-            }
-            Some(_) => {
-                let why = "quantity: a whole number of units, 1..=100 and at most the item's per-user limit";
-                return self
-                    .refuse(session, ctx, Refusal::BadRequest(why.into()))
-                    .await;
-            }
-        };
-        let flow;
-        let admitted;
-        {
-            let mut cx = Cx {
-                shared,
-                policy,
-                route,
-                client_ip: ctx.client_ip,
-                now_ms,
-                now_unix_ms,
-                bearer: None,
-                purchase_token: token,
-                user: user.clone(),
-                item: item.clone(),
-                admitted: None,
-                memo: None,
-            };
-            flow = run(&AFTER_BODY, &mut cx);
-            admitted = cx.admitted.take();
-        }
-        if let Flow::Stop(r) = flow {
-            return self.refuse(session, ctx, r).await;
-        }
-        let token = token.unwrap_or_default();
-        let request_id = request_id.unwrap_or_else(|| request_id_from_token(token));
         let clients = self.clients().await?;
-        let uid = user.as_deref().unwrap_or_default();
-        let trace = ctx.trace.as_ref().map(|t| t.as_str());
-        let result = clients
-            .reserve((a, s), uid, &request_id, quantity, trace)
-            .await;
-        drop(admitted);
-        let trace_id = ctx.trace.as_ref().map_or("", |t| t.trace_id()).to_string();
-        // From here every answer carries the trace id, the hot kinds too.
-        let refusal = match result {
-            Ok((Reserve::Reserved(rid, quantity), _)) => {
-                let body = json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED",
-                    "quantity": quantity, "trace_id": trace_id});
-                return self.ok(session, ctx, 202, &body).await;
-            }
-            Ok((Reserve::Duplicate(rid, _), _)) => Refusal::Duplicate(rid),
-            Ok((Reserve::NotEnough(remaining), _)) => Refusal::NotEnough { remaining },
-            Ok((Reserve::SoldOut, _)) => {
-                shared.catalog.report_sold_out(a, s, true);
-                Refusal::SoldOut
-            }
-            Ok((Reserve::NotStarted { start_at_ms }, _)) => Refusal::TooEarly {
-                start_at_ms,
-                server_time_ms: now_unix_ms as i64,
-            },
-            Ok((Reserve::Ended, _)) => Refusal::Ended,
-            Ok((Reserve::NotFound, _)) => Refusal::NotFound("no such item"),
-            Err(status) => {
-                shared.metrics.upstream_error("stockd", status.code());
-                clients.refusal(&status)
-            }
+        let cx = Cx {
+            shared: &self.shared,
+            policy: req.policy,
+            route: req.route,
+            client_ip: ctx.client_ip,
+            now_ms: req.now_ms,
+            now_unix_ms: req.now_unix_ms,
+            bearer: None,
+            purchase_token: None,
+            user: req.user,
+            item: req.item,
+            admitted: None,
+            memo: None,
         };
-        self.refuse_traced(session, ctx, refusal).await
+        match reserve_answer(cx, &body, clients, ctx.trace.as_ref(), (a, s)).await {
+            ReserveAnswer::Reserved(body) => self.ok_bytes(session, ctx, 202, body.into()).await,
+            ReserveAnswer::Refused {
+                refusal,
+                canned: true,
+            } => self.refuse(session, ctx, refusal).await,
+            ReserveAnswer::Refused { refusal, .. } => {
+                self.refuse_traced(session, ctx, refusal).await
+            }
+        }
     }
+}
+
+/// How a reserve request ends.
+pub(crate) enum ReserveAnswer {
+    /// 202, with this JSON body.
+    Reserved(Vec<u8>),
+    /// A refusal; `canned`: decided before stockd was asked, so a hot kind may go out
+    /// canned (after the call every answer carries the trace id).
+    Refused { refusal: Refusal, canned: bool },
+}
+
+impl ReserveAnswer {
+    fn early(refusal: Refusal) -> Self {
+        Self::Refused {
+            refusal,
+            canned: true,
+        }
+    }
+}
+
+/// A reserve request whose [`crate::filters::EDGE`] and [`crate::filters::AUTHENTICATED`]
+/// steps let it through (`cx` holds their user and item), decided from its JSON
+/// `body`: the body's fields, the [`AFTER_BODY`] filters, then one `StockService`
+/// reservation, mapped to the answer. The pipeline (above) and the fast lane
+/// (`crate::fast_lane`) both answer with it.
+pub(crate) async fn reserve_answer(
+    mut cx: Cx<'_>,
+    body: &Value,
+    clients: &Clients,
+    trace: Option<&TraceParent>,
+    (a, s): (u64, u64),
+) -> ReserveAnswer {
+    let token = body.get("purchase_token").and_then(Value::as_str);
+    let request_id = match body.get("request_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) if seckill_lua::user::check_id(r).is_ok() => Some(r.as_str()),
+        Some(_) => {
+            let why = "request_id: 1..=64 printable ASCII characters, no '|'";
+            return ReserveAnswer::early(Refusal::BadRequest(why.into()));
+        }
+    };
+    // 1..=100 units (the activity's own per_user_limit is stockd's to check: it
+    // answers INVALID_ARGUMENT naming `quantity`, a 400 here); absent or null is 1.
+    let quantity = match body.get("quantity") {
+        None | Some(Value::Null) => 1,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|q| (1..=MAX_QUANTITY).contains(&q)) => {
+            n.as_u64().unwrap_or(1) as u32
+        }
+        Some(_) => {
+            let why =
+                "quantity: a whole number of units, 1..=100 and at most the item's per-user limit";
+            return ReserveAnswer::early(Refusal::BadRequest(why.into()));
+        }
+    };
+    cx.purchase_token = token;
+    if let Flow::Stop(r) = run(&AFTER_BODY, &mut cx) {
+        return ReserveAnswer::early(r);
+    }
+    let admitted = cx.admitted.take();
+    let shared = cx.shared;
+    let token = token.unwrap_or_default();
+    let derived;
+    let request_id = match request_id {
+        Some(r) => r,
+        None => {
+            derived = request_id_from_token(token);
+            &derived
+        }
+    };
+    let uid = cx.user.as_deref().unwrap_or_default();
+    let result = clients
+        .reserve((a, s), uid, request_id, quantity, trace.map(|t| t.as_str()))
+        .await;
+    drop(admitted);
+    let trace_id = trace.map_or("", |t| t.trace_id());
+    // From here every answer carries the trace id, the hot kinds too.
+    let refusal = match result {
+        Ok((Reserve::Reserved(rid, quantity), _)) => {
+            return ReserveAnswer::Reserved(reserved_body(&rid, quantity, trace_id));
+        }
+        Ok((Reserve::Duplicate(rid, _), _)) => Refusal::Duplicate(rid),
+        Ok((Reserve::NotEnough(remaining), _)) => Refusal::NotEnough { remaining },
+        Ok((Reserve::SoldOut, _)) => {
+            shared.catalog.report_sold_out(a, s, true);
+            Refusal::SoldOut
+        }
+        Ok((Reserve::NotStarted { start_at_ms }, _)) => Refusal::TooEarly {
+            start_at_ms,
+            server_time_ms: cx.now_unix_ms as i64,
+        },
+        Ok((Reserve::Ended, _)) => Refusal::Ended,
+        Ok((Reserve::NotFound, _)) => Refusal::NotFound("no such item"),
+        Err(status) => {
+            shared.metrics.upstream_error("stockd", status.code());
+            clients.refusal(&status)
+        }
+    };
+    ReserveAnswer::Refused {
+        refusal,
+        canned: false,
+    }
+}
+
+/// The 202 body: `{"order_id", "quantity", "reservation_id", "state", "trace_id"}`.
+fn reserved_body(rid: &str, quantity: u32, trace_id: &str) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"reservation_id": rid, "order_id": rid, "state": "QUEUED",
+        "quantity": quantity, "trace_id": trace_id}),
+    )
+    .unwrap_or_default()
 }

@@ -14,12 +14,10 @@ use crate::proxy::{Ctx, Gateway};
 
 impl Gateway {
     pub(crate) async fn clients(&self) -> Result<&Clients> {
-        self.clients
-            .get_or_try_init(|| async {
-                Clients::new(&self.shared.cfg.upstreams, &self.shared.upstreams)
-                    .map_err(|e| Error::explain(ErrorType::InternalError, e.to_string()))
-            })
+        self.shared
+            .clients()
             .await
+            .map_err(|e| Error::explain(ErrorType::InternalError, e.to_string()))
     }
 
     /// A refusal: the hot ones (banned, rate limited, busy, sold out) canned, without a
@@ -123,11 +121,7 @@ impl Gateway {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        if !ctype
-            .split(';')
-            .next()
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
-        {
+        if !is_json(ctype) {
             return Ok(Err(Refusal::UnsupportedMediaType));
         }
         let declared = req
@@ -179,4 +173,12 @@ impl Gateway {
         let r = clients.refusal(st);
         self.refuse_traced(session, ctx, r).await
     }
+}
+
+/// A `content-type` value naming `application/json` (parameters aside).
+pub(crate) fn is_json(ctype: &str) -> bool {
+    ctype
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
