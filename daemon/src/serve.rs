@@ -19,7 +19,7 @@
 //! reflection too: one port, one policy); without it, plaintext HTTP/2.
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::server::Router;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
@@ -94,8 +94,12 @@ pub async fn run(
     listener: TcpListener,
     shutdown: Shutdown,
 ) -> Result<(), tonic::transport::Error> {
+    // tonic ignores `Server::tcp_nodelay` for a listener of our own: set it on each
+    // accepted socket here. Without it a response written in more than one segment
+    // (a ReserveBatch answer) waited for the caller's delayed ACK: 40 ms a call.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     router
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming, shutdown.wait())
         .await
 }
 
