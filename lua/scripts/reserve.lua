@@ -57,15 +57,42 @@ local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return every('LOST', -1)
 end
+-- The shard's sequence, read once (nil until needed) and handed out locally.
+local seq = nil
 if ARGV[4] == epoch then
-  local seen = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if seen < tonumber(ARGV[5]) then
-    return every('BEHIND', seen)
+  seq = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if seq < tonumber(ARGV[5]) then
+    return every('BEHIND', seq)
   end
 end
 
+-- The call's writes are gathered and made once at the end: per item one DECRBY of
+-- what its reservations took and one HSET of their buyer records, one SET of the
+-- sequence; only the stream entries are one command each. Every read goes through
+-- these tables first, so each reservation still sees the ones before it exactly as
+-- if they had been separate calls. The script is atomic, and its effects replicate
+-- as one MULTI/EXEC, so nobody sees the writes in another order. Why: each write
+-- command costs the master, its AOF and every replica once per reservation.
+local left_of = {}    -- stock key -> units left (false: the key is missing)
+local taken = {}      -- stock key -> units taken in this call
+local records = {}    -- buyers key -> {uid, record, uid, record, ...} to write
+local pending = {}    -- buyers key -> uid -> record written in this call
+local order = {}      -- stock keys in first-touched order (deterministic writes)
+
+local function stock_left(stock)
+  local left = left_of[stock]
+  if left == nil then
+    left = tonumber(redis.call('GET', stock)) or false
+    left_of[stock] = left
+    taken[stock] = 0
+    order[#order + 1] = stock
+  end
+  return left
+end
+
 local function reserve(stock, buyers, item, user, req, tp, k)
-  local held = redis.call('HGET', buyers, user)
+  local mine = pending[buyers]
+  local held = mine and mine[user] or redis.call('HGET', buyers, user)
   if held then
     local sep = string.find(held, '|', 1, true)
     local rid = string.sub(held, 1, sep - 1)
@@ -76,14 +103,14 @@ local function reserve(stock, buyers, item, user, req, tp, k)
       q = tonumber(string.sub(rest, sep2 + 1))
       rest = string.sub(rest, 1, sep2 - 1)
     end
-    local left = tonumber(redis.call('GET', stock) or '0')
+    local left = stock_left(stock) or 0
     if rest == req then
       return 'RETRY', rid, left, q
     end
     return 'DUPLICATE', rid, left, q
   end
-  local left = tonumber(redis.call('GET', stock))
-  if left == nil then
+  local left = stock_left(stock)
+  if left == false then
     return 'LOST', '', -1, 0
   end
   if left <= 0 then
@@ -92,15 +119,17 @@ local function reserve(stock, buyers, item, user, req, tp, k)
   if left < k then
     return 'SHORT', '', left, 0
   end
-  if k == 1 then
-    left = redis.call('DECR', stock)
-  else
-    left = redis.call('DECRBY', stock, k)
+  left = left - k
+  left_of[stock] = left
+  taken[stock] = taken[stock] + k
+  if seq == nil then
+    seq = tonumber(redis.call('GET', KEYS[2]) or '0')
   end
-  local seq = redis.call('INCR', KEYS[2])
+  seq = seq + 1
   local rid = ARGV[1] .. '-' .. item .. '-' .. ARGV[2] .. '-' .. epoch .. '-' .. seq
+  local record
   if k == 1 then
-    redis.call('HSET', buyers, user, rid .. '|' .. req)
+    record = rid .. '|' .. req
     if tp == '' then
       redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
         'req', req, 'ts', ARGV[3])
@@ -109,7 +138,7 @@ local function reserve(stock, buyers, item, user, req, tp, k)
         'req', req, 'ts', ARGV[3], 'tp', tp)
     end
   else
-    redis.call('HSET', buyers, user, rid .. '|' .. req .. '|' .. k)
+    record = rid .. '|' .. req .. '|' .. k
     if tp == '' then
       redis.call('XADD', KEYS[3], '*', 'rid', rid, 'uid', user, 'a', ARGV[1], 's', item,
         'req', req, 'ts', ARGV[3], 'q', k)
@@ -118,20 +147,48 @@ local function reserve(stock, buyers, item, user, req, tp, k)
         'req', req, 'ts', ARGV[3], 'q', k, 'tp', tp)
     end
   end
+  if not mine then
+    mine = {}
+    pending[buyers] = mine
+    records[buyers] = {}
+  end
+  mine[user] = record
+  local r = records[buyers]
+  r[#r + 1] = user
+  r[#r + 1] = record
   return 'RESERVED', rid, left, k
 end
 
 local wrote, retried = false, false
+local buyer_keys = {}
 for j = 1, n do
-  local outcome, rid, left, q = reserve(KEYS[2 + 2 * j], KEYS[3 + 2 * j],
+  local buyers = KEYS[3 + 2 * j]
+  local outcome, rid, left, q = reserve(KEYS[2 + 2 * j], buyers,
     ARGV[1 + 5 * j], ARGV[2 + 5 * j], ARGV[3 + 5 * j], ARGV[4 + 5 * j],
     tonumber(ARGV[5 + 5 * j]))
+  if outcome == 'RESERVED' and #records[buyers] == 2 then
+    buyer_keys[#buyer_keys + 1] = buyers
+  end
   wrote = wrote or outcome == 'RESERVED'
   retried = retried or outcome == 'RETRY'
   out[#out + 1] = outcome
   out[#out + 1] = rid
   out[#out + 1] = left
   out[#out + 1] = q
+end
+for _, stock in ipairs(order) do
+  local t = taken[stock]
+  if t == 1 then
+    redis.call('DECR', stock)
+  elseif t > 1 then
+    redis.call('DECRBY', stock, t)
+  end
+end
+for _, buyers in ipairs(buyer_keys) do
+  redis.call('HSET', buyers, unpack(records[buyers]))
+end
+if wrote then
+  redis.call('SET', KEYS[2], seq)
 end
 if retried and not wrote then
   redis.call('SET', KEYS[1], epoch)
