@@ -370,14 +370,17 @@ fn challenge(
             (r.outcome(), r.status())
         }
         None => {
-            let body = challenge_body(
+            // The body is written first, straight into `out`, then its head before it.
+            let body_at = out.len();
+            challenge_body(
                 cx.shared,
                 cx.client_ip,
                 user.as_deref().unwrap_or_default(),
                 (a, s),
                 (cx.now_ms, cx.now_unix_ms),
+                out,
             );
-            answer::json_wire(200, &body, Some(&trace), out);
+            answer::json_wire_before(200, body_at, Some(&trace), out);
             (Outcome::Ok, 200)
         }
     };
