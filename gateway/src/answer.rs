@@ -482,25 +482,62 @@ pub async fn json_bytes_traced(
 /// connection, byte for byte as pingora writes it, appended to `out` without building
 /// a header map (the fast lane; the test below holds the two forms equal).
 pub fn json_wire(status: u16, body: &[u8], trace: Option<&TraceParent>, out: &mut Vec<u8>) {
-    use std::io::Write;
+    json_head(status, body.len(), trace, out);
+    out.extend_from_slice(body);
+}
+
+/// [`json_wire`] for a body its maker appended to `out` at `body_at` (the challenge
+/// issue signs its puzzle where it lies in the answer): the head is written after
+/// it, then the two are swapped in place, so the body needs no buffer of its own.
+pub fn json_wire_before(
+    status: u16,
+    body_at: usize,
+    trace: Option<&TraceParent>,
+    out: &mut Vec<u8>,
+) {
+    let body_len = out.len() - body_at;
+    json_head(status, body_len, trace, out);
+    out[body_at..].rotate_left(body_len);
+}
+
+/// The head of [`json_wire`], written without `core::fmt` (the challenge issue is a
+/// hot path).
+fn json_head(status: u16, body_len: usize, trace: Option<&TraceParent>, out: &mut Vec<u8>) {
     let reason = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("");
-    // Writes into a Vec cannot fail.
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nCache-Control: no-store\r\n",
-        body.len()
-    );
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
+    push_decimal(out, body_len as u64);
+    out.extend_from_slice(b"\r\nCache-Control: no-store\r\n");
     if let Some(t) = trace {
-        let _ = write!(out, "traceparent: {t}\r\n");
+        out.extend_from_slice(b"traceparent: ");
+        out.extend_from_slice(t.as_str().as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Date: ");
     out.extend_from_slice(pingora::protocols::http::date::get_cached_date().as_bytes());
     out.extend_from_slice(b"\r\nConnection: keep-alive\r\n\r\n");
-    out.extend_from_slice(body);
+}
+
+/// Appends `n` in decimal, as `Display` writes it (without `core::fmt`'s machinery:
+/// the fast lane's answers and the puzzle are written with it).
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// [`json`] with the request's `traceparent` header (the edge's span), when given.
@@ -565,8 +602,26 @@ mod tests {
             json_wire(status, body, trace, &mut direct);
             assert_eq!(
                 String::from_utf8(direct).unwrap(),
+                String::from_utf8(built.clone()).unwrap()
+            );
+            // The body written first, after an earlier answer, the head put before it.
+            let mut in_place = b"earlier answer".to_vec();
+            in_place.extend_from_slice(body);
+            json_wire_before(status, 14, trace, &mut in_place);
+            assert_eq!(in_place[..14], *b"earlier answer");
+            assert_eq!(
+                String::from_utf8(in_place[14..].to_vec()).unwrap(),
                 String::from_utf8(built).unwrap()
             );
+        }
+    }
+
+    #[test]
+    fn decimals_are_written_as_display_writes_them() {
+        for n in [0, 7, 10, 99, 100, 524_288, 1_764_000_000_000, u64::MAX] {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
         }
     }
 }

@@ -25,10 +25,11 @@
 //! - The answer is the pipeline's byte for byte (status line, headers in the same
 //!   order, `Date`, `Connection: keep-alive`, body), and is counted in the same metrics,
 //!   access log and auto-ban strikes.
-//! - The challenge issue is answered here when the [`EDGE`] walk lets it through and
-//!   the activity's waiting room needs no admission token: [`EDGE`] and
-//!   [`AUTHENTICATED`] run for real, then the room's gate and the pipeline's own
-//!   `handlers::challenge::challenge_body` (see [`challenge`]).
+//! - The challenge issue is answered here, refusals included, when the activity's
+//!   waiting room needs no admission token: [`EDGE`] and [`AUTHENTICATED`] run for
+//!   real (no walk of peeks first: nothing on that path goes to pingora), then the
+//!   room's gate and the pipeline's own `handlers::challenge::challenge_body` (see
+//!   [`challenge`]).
 //! - The sold-out step sees the request's bearer token, as in the pipeline: a reserve
 //!   whose token names (unverified) a user holding a unit of the sold-out item is not
 //!   refused here but handed to pingora, which authenticates it and asks stockd
@@ -316,30 +317,36 @@ fn scan(
     let mut cx = Cx::new(shared, &policy, &route, client, bearer);
     cx.memo = Some(memo);
     let start = Instant::now();
-    // The pipeline makes a trace context for every request and logs its id; the lane
-    // does for the route it answers past the refusals (their canned bytes carry none).
-    let trace =
-        matches!(route, Route::Challenge(..)).then(|| crate::proxy::trace_context(traceparent));
-    if let Some(refusal) = decide(&mut cx) {
-        if !shared.prebuilt.wire(&refusal, out) {
-            return Scan::Pingora;
-        }
-        let mut answer = Answer::refused(refusal, route.class(), client, post, start);
-        answer.trace = trace;
-        return Scan::Answered { len, answer };
-    }
-    match (&route, trace) {
-        (&Route::Challenge(a, s), Some(trace)) => {
-            match Room::gate_without_token(shared.room.method(a)) {
-                Some(gate) => {
-                    let answer = challenge(&mut cx, (a, s), gate, trace, (post, start), out);
+    if let Route::Challenge(a, s) = route {
+        // The pipeline makes a trace context for every request and logs its id; the
+        // lane does for the route it answers past the refusals.
+        let trace = crate::proxy::trace_context(traceparent);
+        return match Room::gate_without_token(shared.room.method(a)) {
+            Some(gate) => {
+                let answer = challenge(&mut cx, (a, s), gate, trace, (post, start), out);
+                Scan::Answered { len, answer }
+            }
+            // The room queues: the answer depends on the admission token (pingora),
+            // unless the edge refuses first.
+            None => match decide(&mut cx) {
+                Some(refusal) if shared.prebuilt.wire(&refusal, out) => {
+                    let mut answer = Answer::refused(refusal, route.class(), client, post, start);
+                    answer.trace = Some(trace);
                     Scan::Answered { len, answer }
                 }
-                // The room queues: the answer depends on the admission token (pingora).
-                None => Scan::Pingora,
+                _ => Scan::Pingora,
+            },
+        };
+    }
+    match (decide(&mut cx), &route) {
+        (Some(refusal), _) => {
+            if !shared.prebuilt.wire(&refusal, out) {
+                return Scan::Pingora;
             }
+            let answer = Answer::refused(refusal, route.class(), client, post, start);
+            Scan::Answered { len, answer }
         }
-        (&Route::Reserve(a, s), _) => {
+        (None, &Route::Reserve(a, s)) => {
             let at = |v: &[u8]| {
                 let from = v.as_ptr() as usize - buf.as_ptr() as usize;
                 from..from + v.len()
@@ -357,7 +364,7 @@ fn scan(
                 trace: crate::proxy::trace_context(traceparent),
             })
         }
-        _ => Scan::Pingora,
+        (None, _) => Scan::Pingora,
     }
 }
 
@@ -448,10 +455,11 @@ async fn reserve(
     }
 }
 
-/// A challenge issue (`POST .../items/{s}/challenge`) that the [`EDGE`] steps let
-/// through, answered as the pipeline answers it: [`EDGE`] and [`AUTHENTICATED`] run
-/// for real (taking their tokens), then the room's `gate` (read once by the caller:
-/// this path serves only the methods that need no admission token), then
+/// A challenge issue (`POST .../items/{s}/challenge`), answered as the pipeline
+/// answers it: [`EDGE`] and [`AUTHENTICATED`] run for real (taking their tokens; no
+/// walk of peeks first, since every answer on this path is written here, refusals
+/// included), then the room's `gate` (read once by the caller: this path serves only
+/// the methods that need no admission token), then
 /// `handlers::challenge::challenge_body`, with a trace context made as `proxy.rs`
 /// makes it. The issue writes nothing anywhere, so answering it here, without
 /// pingora's session, is what lets a flood of issues cost about what a flood of
@@ -485,14 +493,17 @@ fn challenge(
             (r.outcome(), r.status())
         }
         None => {
-            let body = challenge_body(
+            // The body is written first, straight into `out`, then its head before it.
+            let body_at = out.len();
+            challenge_body(
                 cx.shared,
                 cx.client_ip,
                 user.as_deref().unwrap_or_default(),
                 (a, s),
                 (cx.now_ms, cx.now_unix_ms),
+                out,
             );
-            answer::json_wire(200, &body, Some(&trace), out);
+            answer::json_wire_before(200, body_at, Some(&trace), out);
             (Outcome::Ok, 200)
         }
     };

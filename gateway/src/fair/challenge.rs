@@ -149,41 +149,51 @@ pub struct Issued {
 /// The answer to a challenge request for an activity that asks none.
 pub const NOT_REQUIRED: &[u8] = br#"{"required":false}"#;
 
-/// The JSON answer to a challenge request (fields in name order, as a `json!` map
-/// writes them).
-#[derive(serde::Serialize)]
-struct Answer<'a> {
-    algorithm: &'static str,
-    bits: u32,
-    challenge: &'a str,
-    count: u32,
-    expected_hashes: u64,
-    expires_at_ms: u64,
-    required: bool,
-    seed: &'a str,
-}
-
 impl Issued {
     /// The JSON answer carrying this puzzle.
     pub fn answer(&self) -> Vec<u8> {
-        let mut seed = [0u8; 2 * puzzle::NONCE_LEN];
-        // The buffer is exactly twice the nonce's length.
-        let _ = hex::encode_to_slice(self.nonce, &mut seed);
-        let a = Answer {
-            algorithm: "sha256-leading-zero-bits",
-            bits: self.bits,
-            challenge: &self.puzzle,
-            count: self.count,
-            expected_hashes: u64::from(self.count) << self.bits,
-            expires_at_ms: self.exp_ms,
-            required: true,
-            seed: std::str::from_utf8(&seed).unwrap_or_default(),
-        };
-        // Sized once (the answer is about 150 bytes plus the puzzle).
         let mut out = Vec::with_capacity(192 + self.puzzle.len());
-        let _ = serde_json::to_writer(&mut out, &a);
+        write_answer(
+            &mut out,
+            self.bits,
+            self.count,
+            self.exp_ms,
+            &self.nonce,
+            |out| out.extend_from_slice(self.puzzle.as_bytes()),
+        );
         out
     }
+}
+
+/// Appends the JSON answer carrying a puzzle, written by `puzzle` in its place: fields
+/// in name order, as serde writes a map, byte for byte (a test holds the two equal).
+/// The puzzle's characters need no escaping (digits, base64url, dots and a key id of
+/// `[A-Za-z0-9_-]`).
+fn write_answer(
+    out: &mut Vec<u8>,
+    bits: u32,
+    count: u32,
+    exp_ms: u64,
+    nonce: &[u8; puzzle::NONCE_LEN],
+    puzzle: impl FnOnce(&mut Vec<u8>),
+) {
+    use crate::answer::push_decimal;
+    out.extend_from_slice(br#"{"algorithm":"sha256-leading-zero-bits","bits":"#);
+    push_decimal(out, u64::from(bits));
+    out.extend_from_slice(br#","challenge":""#);
+    puzzle(out);
+    out.extend_from_slice(br#"","count":"#);
+    push_decimal(out, u64::from(count));
+    out.extend_from_slice(br#","expected_hashes":"#);
+    push_decimal(out, u64::from(count) << bits);
+    out.extend_from_slice(br#","expires_at_ms":"#);
+    push_decimal(out, exp_ms);
+    out.extend_from_slice(br#","required":true,"seed":""#);
+    let at = out.len();
+    out.resize(at + 2 * puzzle::NONCE_LEN, 0);
+    // The slice is exactly twice the nonce's length.
+    let _ = hex::encode_to_slice(nonce, &mut out[at..]);
+    out.extend_from_slice(br#""}"#);
 }
 
 /// Why a redeem did not give a token.
@@ -270,8 +280,18 @@ impl Challenges {
     /// `a`, whose own setting is `activity_bits` (`None`: its meta predates the field);
     /// 0 = no challenge.
     pub fn bits_for(&self, a: u64, activity_bits: Option<u32>, ip: IpAddr, now_ms: u64) -> u32 {
-        let s = self.settings();
-        let c = &s.cfg;
+        self.bits_in(&self.settings(), a, activity_bits, ip, now_ms)
+    }
+
+    fn bits_in(
+        &self,
+        st: &Settings,
+        a: u64,
+        activity_bits: Option<u32>,
+        ip: IpAddr,
+        now_ms: u64,
+    ) -> u32 {
+        let c = &st.cfg;
         if !c.enabled {
             return 0;
         }
@@ -285,10 +305,14 @@ impl Challenges {
         (base + extra).min(c.max_bits.max(base))
     }
 
-    /// A signed puzzle for `(user, a, s)` at difficulty `bits` (> 0).
-    pub fn issue(&self, user: &str, a: u64, s: u64, bits: u32, now_unix_ms: u64) -> Issued {
-        let st = self.settings();
-        let nonce: [u8; puzzle::NONCE_LEN] = rand::random();
+    /// What a puzzle for `(user, a, s)` at `bits` binds, with a fresh random nonce.
+    fn spec<'u>(
+        st: &Settings,
+        user: &'u str,
+        (a, s): (u64, u64),
+        bits: u32,
+        now_unix_ms: u64,
+    ) -> (Spec<'u>, [u8; puzzle::NONCE_LEN]) {
         let spec = Spec {
             activity: a,
             item: s,
@@ -297,6 +321,13 @@ impl Challenges {
             bits,
             count: st.cfg.sub_puzzles,
         };
+        (spec, rand::random())
+    }
+
+    /// A signed puzzle for `(user, a, s)` at difficulty `bits` (> 0).
+    pub fn issue(&self, user: &str, a: u64, s: u64, bits: u32, now_unix_ms: u64) -> Issued {
+        let st = self.settings();
+        let (spec, nonce) = Self::spec(&st, user, (a, s), bits, now_unix_ms);
         self.metrics.issued(bits);
         Issued {
             puzzle: st.keys.issue(&spec, &nonce),
@@ -305,6 +336,32 @@ impl Challenges {
             count: spec.count,
             exp_ms: spec.exp_ms,
         }
+    }
+
+    /// Appends the body of the answer to a challenge request to `out`:
+    /// [`NOT_REQUIRED`] when the difficulty for `(a, ip)` is 0 (see [`Self::bits_for`]),
+    /// else [`Issued::answer`] of a new puzzle for `(user, a, s)`, signed where it lies
+    /// in `out`. One read of the settings, no buffer of its own: the issue is what a
+    /// flood of challenge requests costs.
+    pub fn answer_into(
+        &self,
+        user: &str,
+        (a, s): (u64, u64),
+        (activity_bits, ip): (Option<u32>, IpAddr),
+        (now_ms, now_unix_ms): (u64, u64),
+        out: &mut Vec<u8>,
+    ) {
+        let st = self.settings();
+        let bits = self.bits_in(&st, a, activity_bits, ip, now_ms);
+        if bits == 0 {
+            out.extend_from_slice(NOT_REQUIRED);
+            return;
+        }
+        let (spec, nonce) = Self::spec(&st, user, (a, s), bits, now_unix_ms);
+        self.metrics.issued(bits);
+        write_answer(out, bits, spec.count, spec.exp_ms, &nonce, |out| {
+            st.keys.issue_into(&spec, &nonce, out)
+        });
     }
 
     /// Checks a redeem body (`{"challenge": "...", "solutions": [c0, c1, ...]}`) and
@@ -470,6 +527,72 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// The answer as serde writes it: the reference of the hand-written form.
+    #[derive(serde::Serialize)]
+    struct Answer<'a> {
+        algorithm: &'static str,
+        bits: u32,
+        challenge: &'a str,
+        count: u32,
+        expected_hashes: u64,
+        expires_at_ms: u64,
+        required: bool,
+        seed: &'a str,
+    }
+
+    fn serde_answer(bits: u32, challenge: &str, count: u32, exp_ms: u64, seed: &str) -> String {
+        serde_json::to_string(&Answer {
+            algorithm: "sha256-leading-zero-bits",
+            bits,
+            challenge,
+            count,
+            expected_hashes: u64::from(count) << bits,
+            expires_at_ms: exp_ms,
+            required: true,
+            seed,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_answer_is_serdes_form_byte_for_byte_and_signed_in_place() {
+        let c = challenges("sub_puzzles = 8\n");
+        let is = c.issue("alice", 1, 2, 3, 1_000);
+        let seed = hex::encode(is.nonce);
+        assert_eq!(
+            String::from_utf8(is.answer()).unwrap(),
+            serde_answer(3, &is.puzzle, 8, is.exp_ms, &seed)
+        );
+
+        // Appended after an earlier answer, a puzzle that verifies for its user.
+        let mut out = b"earlier".to_vec();
+        c.answer_into("alice", (1, 2), (Some(3), IP), (0, 1_000), &mut out);
+        assert_eq!(out[..7], *b"earlier");
+        let body = std::str::from_utf8(&out[7..]).unwrap();
+        let v: Value = serde_json::from_str(body).unwrap();
+        let puzzle = v["challenge"].as_str().unwrap();
+        let verified = c
+            .settings()
+            .keys
+            .verify(puzzle, "alice", 1, 2, 1_500)
+            .unwrap();
+        assert_eq!(
+            (verified.bits, verified.count, verified.exp_ms),
+            (3, 8, is.exp_ms)
+        );
+        let seed = hex::encode(verified.nonce);
+        assert_eq!(body, serde_answer(3, puzzle, 8, is.exp_ms, &seed));
+        // A fresh nonce each time.
+        let mut again = Vec::new();
+        c.answer_into("alice", (1, 2), (Some(3), IP), (0, 1_000), &mut again);
+        assert_ne!(again, out[7..]);
+
+        // An activity that asks no challenge.
+        let mut out = Vec::new();
+        c.answer_into("alice", (1, 2), (Some(0), IP), (0, 1_000), &mut out);
+        assert_eq!(out, NOT_REQUIRED);
     }
 
     #[test]

@@ -247,9 +247,14 @@ impl Room {
             .cloned()
     }
 
-    /// The method in force: the live one, else the config's.
+    /// The method in force: the live one, else the config's (read in place: every
+    /// challenge issue in the fast lane asks).
     pub fn method(&self, a: u64) -> Method {
-        self.live(a).map_or(self.cfg.method, |l| l.method)
+        self.live
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&a)
+            .map_or(self.cfg.method, |l| l.method)
     }
 
     /// Stores a tick's answer, updating the history and the metrics.

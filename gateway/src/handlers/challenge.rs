@@ -9,39 +9,42 @@ use pingora::prelude::*;
 use pingora::proxy::Session;
 
 use crate::answer::Refusal;
-use crate::fair::challenge::{Redeem, NOT_REQUIRED};
+use crate::fair::challenge::Redeem;
 use crate::fair::room::Gate;
 use crate::proxy::{Ctx, Gateway, Req};
 use crate::shared::Shared;
 
 /// The difficulty of `a` for a client at `ip`; 0 = no challenge.
 pub(crate) fn challenge_bits(shared: &Shared, ip: IpAddr, a: u64, now_ms: u64) -> u32 {
-    let act_bits = shared
-        .catalog
-        .get(a)
-        .map_or(Some(0), |act| act.challenge_bits);
-    shared.challenges.bits_for(a, act_bits, ip, now_ms)
+    shared
+        .challenges
+        .bits_for(a, activity_bits(shared, a), ip, now_ms)
 }
 
-/// The body of the answer to a challenge request the waiting room let through:
-/// `{"required": false}` when the activity asks none, else a signed puzzle for
-/// `(user, a, s)`. The pipeline below and the fast lane (`crate::fast_lane`) both
+/// The activity's own `challenge_bits` (`Some(0)`, none, for an unknown activity).
+fn activity_bits(shared: &Shared, a: u64) -> Option<u32> {
+    shared
+        .catalog
+        .get(a)
+        .map_or(Some(0), |act| act.challenge_bits)
+}
+
+/// Appends the body of the answer to a challenge request the waiting room let
+/// through to `out`: `{"required": false}` when the activity asks none, else a signed
+/// puzzle for `(user, a, s)`. The pipeline below and the fast lane
+/// (`crate::fast_lane`, which writes it straight into the connection's output) both
 /// answer with it.
 pub(crate) fn challenge_body(
     shared: &Shared,
     ip: IpAddr,
     user: &str,
     (a, s): (u64, u64),
-    (now_ms, now_unix_ms): (u64, u64),
-) -> Vec<u8> {
-    let bits = challenge_bits(shared, ip, a, now_ms);
-    if bits == 0 {
-        return NOT_REQUIRED.to_vec();
-    }
+    now: (u64, u64),
+    out: &mut Vec<u8>,
+) {
     shared
         .challenges
-        .issue(user, a, s, bits, now_unix_ms)
-        .answer()
+        .answer_into(user, (a, s), (activity_bits(shared, a), ip), now, out);
 }
 
 impl Gateway {
@@ -60,12 +63,14 @@ impl Gateway {
         if let Gate::Refused(r) = self.shared.room.gate(a, uid, headers, req.now_unix_ms) {
             return self.refuse(session, ctx, r).await;
         }
-        let body = challenge_body(
+        let mut body = Vec::with_capacity(512);
+        challenge_body(
             &self.shared,
             ctx.client_ip,
             uid,
             (a, s),
             (req.now_ms, req.now_unix_ms),
+            &mut body,
         );
         self.ok_bytes(session, ctx, 200, body.into()).await
     }

@@ -15,6 +15,7 @@
 //! not enough, all of them (a flood forgets its raises rather than growing memory).
 
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 
@@ -31,10 +32,19 @@ struct Failures {
 }
 
 /// The raises (see the module doc).
+///
+/// Every puzzle issued asks [`Pressure::extra_bits`], so the usual case, nothing
+/// raised, is answered without touching the maps: a look-up costs a shard lock and a
+/// SipHash, and `DashMap::is_empty` locks every shard in turn.
 #[derive(Default)]
 pub struct Pressure {
     ips: DashMap<IpAddr, Failures>,
     activities: DashMap<u64, u32>,
+    /// Set by the first recorded failure, never cleared (after that, a look-up).
+    any_failures: AtomicBool,
+    /// At least the number of entries of `activities`: counted up before an insert
+    /// and down after a removal, so 0 means the map is empty.
+    raised_activities: AtomicUsize,
 }
 
 impl Pressure {
@@ -44,6 +54,7 @@ impl Pressure {
             return;
         }
         let window = cfg.failure_window_secs * 1000;
+        self.any_failures.store(true, Ordering::Release);
         if self.ips.len() >= MAX_TRACKED {
             self.ips
                 .retain(|_, f| now_ms.saturating_sub(f.since_ms) < window);
@@ -66,8 +77,11 @@ impl Pressure {
 
     /// Bits added for a client at `ip` of activity `a` (before the cap).
     pub fn extra_bits(&self, a: u64, ip: IpAddr, now_ms: u64, cfg: &config::Challenge) -> u32 {
-        let mut extra = self.activities.get(&a).map_or(0, |e| *e);
-        if cfg.raise_after_failures > 0 && !self.ips.is_empty() {
+        let mut extra = match self.raised_activities.load(Ordering::Acquire) {
+            0 => 0,
+            _ => self.activities.get(&a).map_or(0, |e| *e),
+        };
+        if cfg.raise_after_failures > 0 && self.any_failures.load(Ordering::Acquire) {
             if let Some(f) = self.ips.get(&ip) {
                 if now_ms.saturating_sub(f.since_ms) < cfg.failure_window_secs * 1000 {
                     extra += f.count / cfg.raise_after_failures;
@@ -93,9 +107,14 @@ impl Pressure {
     /// Still bounded by `challenge.max_bits`.
     pub fn set_activity_extra(&self, a: u64, extra: u32) {
         if extra == 0 {
-            self.activities.remove(&a);
+            if self.activities.remove(&a).is_some() {
+                self.raised_activities.fetch_sub(1, Ordering::Release);
+            }
         } else {
-            self.activities.insert(a, extra);
+            self.raised_activities.fetch_add(1, Ordering::Release);
+            if self.activities.insert(a, extra).is_some() {
+                self.raised_activities.fetch_sub(1, Ordering::Release);
+            }
         }
     }
 }
@@ -142,5 +161,26 @@ mod tests {
         assert_eq!(p.extra_bits(1, ip, 11_000, &c), 0);
         p.failed(ip, 11_000, &c);
         assert_eq!(p.extra_bits(1, ip, 11_000, &c), 0);
+    }
+
+    #[test]
+    fn an_activity_raise_holds_until_cleared_however_often_it_is_set() {
+        let p = Pressure::default();
+        let c = cfg();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(p.extra_bits(7, ip, 0, &c), 0);
+        // A room tick sets every activity's raise each time, 0 included.
+        p.set_activity_extra(8, 0);
+        p.set_activity_extra(7, 2);
+        p.set_activity_extra(7, 3);
+        p.set_activity_extra(9, 1);
+        assert_eq!(p.extra_bits(7, ip, 0, &c), 3);
+        p.set_activity_extra(9, 0);
+        p.set_activity_extra(9, 0);
+        assert_eq!(p.extra_bits(7, ip, 0, &c), 3);
+        assert_eq!(p.extra_bits(9, ip, 0, &c), 0);
+        p.set_activity_extra(7, 0);
+        assert_eq!(p.extra_bits(7, ip, 0, &c), 0);
+        assert_eq!(p.raised_activities.load(Ordering::Relaxed), 0);
     }
 }

@@ -87,14 +87,22 @@ impl Rejection {
     }
 }
 
-/// One signing/verifying key.
+/// One signing/verifying key: its HMAC keyed once (each use clones the keyed state).
 pub struct Key {
     pub id: String,
     mac: HmacSha256,
 }
 
 impl Key {
+    /// `id` is `[A-Za-z0-9_-]` (`challenge.keys` validation checks it; the process key
+    /// is `local`): it is a field of the puzzle, which the answer writes into its JSON
+    /// as it is, with nothing to escape.
     pub fn new(id: &str, secret: &[u8]) -> Self {
+        debug_assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+            "challenge key id {id:?}"
+        );
         Self {
             id: id.to_string(),
             mac: HmacSha256::new_from_slice(secret).expect("HMAC takes any key"),
@@ -149,22 +157,40 @@ impl Keyring {
 
     /// A signed puzzle with this `nonce`.
     pub fn issue(&self, spec: &Spec<'_>, nonce: &[u8; NONCE_LEN]) -> String {
-        use std::fmt::Write as _;
+        let mut out = Vec::with_capacity(160 + 2 * spec.user.len());
+        self.issue_into(spec, nonce, &mut out);
+        String::from_utf8(out).expect("a puzzle is ASCII")
+    }
+
+    /// [`Self::issue`] appended to `out`, signed where it lies: the challenge answer
+    /// writes its puzzle straight into the answer's bytes (no string of its own, no
+    /// `core::fmt`; an issue is the hot path of a flood of challenge requests).
+    pub fn issue_into(&self, spec: &Spec<'_>, nonce: &[u8; NONCE_LEN], out: &mut Vec<u8>) {
+        use crate::answer::push_decimal;
         let key = &self.keys[0];
-        // One string of about the final size, the base64 parts encoded into it: issue
-        // is the hot path of a flood of challenge requests.
-        let mut out = String::with_capacity(160 + key.id.len() + 2 * spec.user.len());
-        let _ = write!(out, "v1.{}.{}.{}.", key.id, spec.activity, spec.item);
-        URL_SAFE_NO_PAD.encode_string(spec.user, &mut out);
-        let _ = write!(out, ".{}.{}.{}.", spec.exp_ms, spec.bits, spec.count);
-        URL_SAFE_NO_PAD.encode_string(nonce, &mut out);
+        let start = out.len();
+        out.extend_from_slice(b"v1.");
+        out.extend_from_slice(key.id.as_bytes());
+        out.push(b'.');
+        push_decimal(out, spec.activity);
+        out.push(b'.');
+        push_decimal(out, spec.item);
+        out.push(b'.');
+        push_base64(out, spec.user.as_bytes());
+        out.push(b'.');
+        push_decimal(out, spec.exp_ms);
+        out.push(b'.');
+        push_decimal(out, u64::from(spec.bits));
+        out.push(b'.');
+        push_decimal(out, u64::from(spec.count));
+        out.push(b'.');
+        push_base64(out, nonce);
         let mut m = key.mac.clone();
         m.update(DOMAIN);
-        m.update(out.as_bytes());
+        m.update(&out[start..]);
         let tag = m.finalize().into_bytes();
-        out.push('.');
-        URL_SAFE_NO_PAD.encode_string(tag, &mut out);
-        out
+        out.push(b'.');
+        push_base64(out, &tag);
     }
 
     /// Checks the MAC (constant time), then the user, the item and the expiry, in that
@@ -230,6 +256,15 @@ impl Keyring {
             digest: hex::encode(&tag_bytes[..16]),
         })
     }
+}
+
+/// Appends the unpadded base64url form of `bytes`.
+fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
+    let at = out.len();
+    let len = base64::encoded_len(bytes.len(), false).expect("a short field");
+    out.resize(at + len, 0);
+    // The slice is exactly the encoded length.
+    let _ = URL_SAFE_NO_PAD.encode_slice(bytes, &mut out[at..]);
 }
 
 /// `SHA-256(nonce || u32be(i) || u64be(c))`.
@@ -330,6 +365,21 @@ mod tests {
         assert_eq!(k.verify(&p, "alice", 3, 8, 1), Err(Rejection::WrongItem));
         assert_eq!(k.verify(&p, "alice", 4, 7, 1), Err(Rejection::WrongItem));
         assert_eq!(k.verify(&p, "alice", 3, 7, 10_000), Err(Rejection::Expired));
+    }
+
+    #[test]
+    fn the_puzzle_text_is_the_documented_form() {
+        let k = ring(&[("k-1_", "0123456789abcdef")]);
+        let p = k.issue(&spec("alice"), &NONCE);
+        let b64 = |b: &[u8]| URL_SAFE_NO_PAD.encode(b);
+        let signed = format!("v1.k-1_.3.7.{}.10000.4.8.{}", b64(b"alice"), b64(&NONCE));
+        let mut m = HmacSha256::new_from_slice(b"0123456789abcdef").unwrap();
+        m.update(format!("seckill-pow|{signed}").as_bytes());
+        assert_eq!(p, format!("{signed}.{}", b64(&m.finalize().into_bytes())));
+        // Written after other bytes, signed where it lies.
+        let mut out = b"{\"challenge\":\"".to_vec();
+        k.issue_into(&spec("alice"), &NONCE, &mut out);
+        assert_eq!(out[14..], *p.as_bytes());
     }
 
     #[test]
