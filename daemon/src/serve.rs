@@ -19,8 +19,8 @@
 //! reflection too: one port, one policy); without it, plaintext HTTP/2.
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::server::Router;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 use tonic_reflection::server::Builder;

@@ -1,6 +1,7 @@
 //! The fast lane: the answers the edge exists to give cheaply (banned IP, per-IP or
 //! route bucket empty, item sold out, and the challenge issue, which writes nothing)
-//! written straight to the socket, before pingora builds a session for the request.
+//! and the reservations (the sale itself) written straight to the socket, before
+//! pingora builds a session for the request.
 //!
 //! Why: under a stampede nearly every request ends in one of those refusals, and the
 //! cost of an answer is then what the edge's capacity is. Through pingora's proxy
@@ -30,10 +31,14 @@
 //!   real (no walk of peeks first: nothing on that path goes to pingora), then the
 //!   room's gate and the pipeline's own `handlers::challenge::challenge_body` (see
 //!   [`challenge`]).
+//! - A reserve the [`EDGE`] walk lets through is answered here too ([`reserve`]):
+//!   [`EDGE`] and [`AUTHENTICATED`] for real, the body by the pipeline's rules, then
+//!   the pipeline's own `handlers::reserve::reserve_answer` (its remaining filters and
+//!   stockd). The connection waits for stockd's answer.
 //! - The sold-out step sees the request's bearer token, as in the pipeline: a reserve
 //!   whose token names (unverified) a user holding a unit of the sold-out item is not
-//!   refused here but handed to pingora, which authenticates it and asks stockd
-//!   (`filters/sold_out.rs`). Everyone else's sold-out answer stays here.
+//!   refused by it but goes on, authenticated, to stockd (`filters/sold_out.rs`).
+//!   Everyone else's sold-out answer stays canned here.
 //! - Deadlines are the pipeline's: the read deadline of `deadline.rs` covers a request
 //!   from its first byte; an idle connection is closed after 60 s, as pingora closes an
 //!   idle HTTP/1.1 keep-alive, or at shutdown.
@@ -713,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sold_out_reserve_is_refused_here_but_for_a_holder_who_goes_to_pingora() {
+    fn a_sold_out_reserve_is_refused_here_but_a_holders_goes_on_to_stockd() {
         use base64::Engine as _;
         let sh = shared();
         one_item_activity(&sh, None);
@@ -746,8 +751,12 @@ mod tests {
                 _ => panic!("not refused: {auth}"),
             }
         }
+        // The holder's resend is the lane's reserve: authenticated there, then stockd.
         let holder = reserve(&format!("authorization: Bearer {}\r\n", jwt("alice")));
-        assert!(matches!(scan(&sh, holder.as_bytes(), FREE), Scan::Pingora));
+        match scan(&sh, holder.as_bytes(), FREE) {
+            Scan::Reserve(r) => assert_eq!((r.item, r.len), ((1, 7), holder.len())),
+            _ => panic!("a holder's reserve is not refused"),
+        }
     }
 
     #[test]
