@@ -32,6 +32,7 @@
 #         PERF=1: perf record (cpu-clock, call graphs) of every server process during each
 #         run, to $WORK/perf-<side>-<round>-<process>-<pid>.data (`perf report -i <file>`);
 #         the profiler's own cost lands in the figures of such a run
+#         REDIS_PORT=6390 REPLICA_PORT=6391 NGX_PORT=8081 NGX_DENY_PORT=8082 (fixed ports outside SMOKE)
 #         SECKILL_TEST_MYSQL_URL (MariaDB server; default mysql://root@127.0.0.1:3306)
 #         SMOKE=1: one short round on free ports, no quiet gate, BUILD=0 (the test suite runs
 #         it with debug binaries: tests/tests/reserve_bench.rs); checks that every request
