@@ -31,6 +31,8 @@
 //!   real (no walk of peeks first: nothing on that path goes to pingora), then the
 //!   room's gate and the pipeline's own `handlers::challenge::challenge_body` (see
 //!   [`challenge`]).
+//! - So is the purchase token of an activity that asks no puzzle, under the same room
+//!   condition, through the same [`gated`] path.
 //! - A reserve the [`EDGE`] walk lets through is answered here too ([`reserve`]):
 //!   [`EDGE`] and [`AUTHENTICATED`] for real, the body by the pipeline's rules, then
 //!   the pipeline's own `handlers::reserve::reserve_answer` (its remaining filters and
@@ -47,7 +49,8 @@ use crate::answer::{self, Outcome, Refusal};
 use crate::auth::TokenMemo;
 use crate::fair::room::{Gate, Room};
 use crate::filters::{self, Cx, Flow, AUTHENTICATED, EDGE};
-use crate::handlers::challenge::challenge_body;
+use crate::handlers::challenge::{challenge_bits, challenge_body};
+use crate::handlers::reserve::token_body;
 use crate::handlers::reserve::{reserve_answer, ReserveAnswer};
 use crate::routes::{self, Route};
 use crate::shared::{Answered, Shared};
@@ -328,7 +331,16 @@ fn scan(
         let trace = crate::proxy::trace_context(traceparent);
         return match Room::gate_without_token(shared.room.method(a)) {
             Some(gate) => {
-                let answer = challenge(&mut cx, (a, s), gate, trace, (post, start), out);
+                let answer = gated(&mut cx, gate, trace, (post, start), out, |cx, user, out| {
+                    challenge_body(
+                        cx.shared,
+                        cx.client_ip,
+                        user,
+                        (a, s),
+                        (cx.now_ms, cx.now_unix_ms),
+                        out,
+                    );
+                });
                 Scan::Answered { len, answer }
             }
             // The room queues: the answer depends on the admission token (pingora),
@@ -342,6 +354,21 @@ fn scan(
                 _ => Scan::Pingora,
             },
         };
+    }
+    if let Route::Token(a, s) = route {
+        // Answered here only where the pipeline's handler would neither read the
+        // admission token (the room queues) nor redeem a puzzle (a challenge is on):
+        // then it is the filters, the room's gate and a signed token, like the issue.
+        let gate = Room::gate_without_token(shared.room.method(a));
+        let no_puzzle = || challenge_bits(shared, client, a, cx.now_ms) == 0;
+        if let Some(gate) = gate.filter(|_| no_puzzle()) {
+            let trace = crate::proxy::trace_context(traceparent);
+            let answer = gated(&mut cx, gate, trace, (post, start), out, |cx, user, out| {
+                let (token, exp) = cx.shared.tokens.issue(user, a, s, cx.now_unix_ms);
+                token_body(&token, exp, out);
+            });
+            return Scan::Answered { len, answer };
+        }
     }
     match (decide(&mut cx), &route) {
         (Some(refusal), _) => {
@@ -460,22 +487,25 @@ async fn reserve(
     }
 }
 
-/// A challenge issue (`POST .../items/{s}/challenge`), answered as the pipeline
-/// answers it: [`EDGE`] and [`AUTHENTICATED`] run for real (taking their tokens; no
-/// walk of peeks first, since every answer on this path is written here, refusals
-/// included), then the room's `gate` (read once by the caller: this path serves only
-/// the methods that need no admission token), then
-/// `handlers::challenge::challenge_body`, with a trace context made as `proxy.rs`
-/// makes it. The issue writes nothing anywhere, so answering it here, without
-/// pingora's session, is what lets a flood of issues cost about what a flood of
-/// sold-out answers costs (issue 14).
-fn challenge(
+/// A challenge issue (`POST .../items/{s}/challenge`) or a purchase token
+/// (`POST .../items/{s}/token` of an activity asking no puzzle), answered as the
+/// pipeline answers it: [`EDGE`] and [`AUTHENTICATED`] run for real (taking their
+/// tokens; no walk of peeks first, since every answer on this path is written here,
+/// refusals included), then the room's `gate` (read once by the caller: this path
+/// serves only the methods that need no admission token), then `body` writes the
+/// answer's JSON for the authenticated user (`handlers::challenge::challenge_body`,
+/// or a signed token as `handlers::reserve` writes it), with a trace context made as
+/// `proxy.rs` makes it. Neither writes anything anywhere, so answering them here,
+/// without pingora's session, is what lets a flood of issues cost about what a flood
+/// of sold-out answers costs (issue 14), and every buyer's token in the opening
+/// second cost the edge what a refusal costs (issue 15's burst).
+fn gated(
     cx: &mut Cx<'_>,
-    (a, s): (u64, u64),
     gate: Gate,
     trace: TraceParent,
     (post, start): (bool, Instant),
     out: &mut Vec<u8>,
+    body: impl FnOnce(&Cx<'_>, &str, &mut Vec<u8>),
 ) -> Answer {
     let flow = match filters::run(&EDGE, cx) {
         Flow::Go => filters::run(&AUTHENTICATED, cx),
@@ -500,14 +530,7 @@ fn challenge(
         None => {
             // The body is written first, straight into `out`, then its head before it.
             let body_at = out.len();
-            challenge_body(
-                cx.shared,
-                cx.client_ip,
-                user.as_deref().unwrap_or_default(),
-                (a, s),
-                (cx.now_ms, cx.now_unix_ms),
-                out,
-            );
+            body(cx, user.as_deref().unwrap_or_default(), out);
             answer::json_wire_before(200, body_at, Some(&trace), out);
             (Outcome::Ok, 200)
         }

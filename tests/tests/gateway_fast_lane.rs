@@ -515,3 +515,102 @@ async fn reservations_are_answered_in_the_lane_as_the_pipeline_answers_them() {
     assert_eq!(st.reserved, 4);
     assert_eq!(st.remaining, 96);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purchase_tokens_without_a_puzzle_are_answered_in_the_lane_as_the_pipeline_answers_them() {
+    let s = Stack::start().await;
+    let user_limited = |on: bool| {
+        move |c: &mut gateway::toml::Table| {
+            fast_lane(on)(c);
+            set(c, "limits", "per_user", bucket(0.5, 3.0));
+        }
+    };
+    let fast = s.gateway(user_limited(true)).await;
+    let slow = s.gateway(user_limited(false)).await;
+    let act = s.open_activity(&[(100, 100)]).await;
+    let (a, item) = (act.id, act.items[0].id);
+    // A second activity asking a puzzle: its tokens need a redeem (pingora's).
+    let mut req = seckill_tests::stockd::sale_request(
+        &[(100, 100)],
+        2,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+        1,
+    );
+    req.challenge_bits = 5;
+    let mut admin = s.stockd.admin_client().await;
+    let puzzled = seckill_tests::stockd::create_and_publish(&mut admin, req).await;
+    for gw in [&fast, &slow] {
+        gw.wait_activity(a).await;
+        gw.wait_activity(puzzled.id).await;
+    }
+    let jwt = fast.dev_token("heidi").await;
+    let token = |auth: &str, s: u64| {
+        format!(
+            "POST /api/v1/activities/{a}/items/{s}/token HTTP/1.1\r\nHost: gw\r\n{auth}\
+             Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+    };
+    let bearer = format!("Authorization: Bearer {jwt}\r\n");
+    let lane = |m: &str| metric_value(m, "gateway_fast_lane_answers_total", "").unwrap_or(0.0);
+    let before = lane(&fast.metrics().await);
+    let requests = [
+        token(&bearer, item),
+        token("", item),
+        token(&bearer, item + 1000),
+        token(&bearer, item),
+        token(&bearer, item),
+    ];
+    let [f, sl] = both(&fast, &slow, &requests).await;
+    let statuses: Vec<u16> = f.iter().map(|r| r.status).collect();
+    // Three tokens for heidi: the token, the unknown item, the token; then 429.
+    assert_eq!(statuses, [200, 401, 404, 200, 429], "{f:?}");
+    assert!(f[0].header("traceparent").is_some());
+    let blank = |r: &RawResponse| {
+        let (status, headers, _) = comparable(r);
+        let mut body = r.json();
+        for k in ["purchase_token", "expires_at_ms", "trace_id"] {
+            if let Some(v) = body.get_mut(k) {
+                *v = serde_json::Value::Null;
+            }
+        }
+        (status, headers, body)
+    };
+    for (x, y) in f.iter().zip(&sl) {
+        assert_eq!(blank(x), blank(y));
+        assert_eq!(x.header("connection"), Some("keep-alive"));
+    }
+    assert_eq!(
+        lane(&fast.metrics().await) - before,
+        5.0,
+        "the lane answered all five"
+    );
+
+    // The lane's token buys: a reservation with it (on the pipeline-only gateway too,
+    // once heidi's bucket there has a token again: 0.5/s).
+    let pt = f[0].json()["purchase_token"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = slow
+        .post(
+            &format!("/api/v1/activities/{a}/items/{item}/reserve"),
+            Some(&jwt),
+            serde_json::json!({"purchase_token": pt}),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.body);
+
+    // With a puzzle on, the token is pingora's (it redeems): 400 without a solution,
+    // as the pipeline-only gateway answers, and not counted in the lane.
+    let before = lane(&fast.metrics().await);
+    let other = fast.dev_token("ivan").await;
+    let puzzled_token = format!(
+        "POST /api/v1/activities/{}/items/{}/token HTTP/1.1\r\nHost: gw\r\n\
+         Authorization: Bearer {other}\r\nContent-Type: application/json\r\n\
+         Content-Length: 2\r\n\r\n{{}}",
+        puzzled.id, puzzled.items[0].id
+    );
+    let [f, sl] = both(&fast, &slow, &[puzzled_token]).await;
+    assert_eq!(f[0].status, sl[0].status, "{f:?} {sl:?}");
+    assert!((400..500).contains(&f[0].status), "{f:?}");
+    assert_eq!(lane(&fast.metrics().await), before);
+}
