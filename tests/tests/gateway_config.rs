@@ -69,6 +69,18 @@ fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
             "challenge.sub_puzzles",
         ),
         (
+            shipped.replace("reserve_batch_max = 256", "reserve_batch_max = 0"),
+            "upstreams.reserve_batch_max",
+        ),
+        (
+            shipped.replace("reserve_batch_max = 256", "reserve_batch_max = 5000"),
+            "upstreams.reserve_batch_max",
+        ),
+        (
+            shipped.replace("reserve_batch_inflight = 2", "reserve_batch_inflight = 0"),
+            "upstreams.reserve_batch_inflight",
+        ),
+        (
             shipped.replace(
                 "secret = \"local-dev-challenge-key-0123456789\"",
                 "secret_file = \"/nonexistent/challenge.key\"",
