@@ -100,13 +100,15 @@ impl Batcher {
             deadline,
             answer: tx,
         };
-        let answer = match queue.send(job) {
-            Ok(()) => rx.await.unwrap_or_else(|_| {
-                Err(Status::unavailable("the reservation's batch was dropped"))
-            }),
-            // The task is gone (its runtime is shutting down).
-            Err(_) => Err(Status::unimplemented("no batching task")),
-        };
+        if let Err(mpsc::error::SendError(job)) = queue.send(job) {
+            // The task is gone (its runtime is shutting down): this one as a unary call.
+            return unary(self.client.clone(), job.entry, left)
+                .await
+                .map(tonic::Response::new);
+        }
+        let answer = rx
+            .await
+            .unwrap_or_else(|_| Err(Status::unavailable("the reservation's batch was dropped")));
         match answer {
             // The batch never reached a service that knows it: as a unary call now.
             Err(s) if s.code() == Code::Unimplemented => {
