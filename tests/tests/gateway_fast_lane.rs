@@ -61,6 +61,29 @@ fn reserve_request(a: u64, s: u64, extra: &str, body: &str) -> String {
     )
 }
 
+/// [`fast_lane`] with three tokens per user, one back every 2 s: the lane must take them
+/// as the pipeline does.
+fn user_limited(on: bool) -> impl FnOnce(&mut gateway::toml::Table) {
+    move |c| {
+        fast_lane(on)(c);
+        set(c, "limits", "per_user", bucket(0.5, 3.0));
+    }
+}
+
+/// An open activity of one item whose buyers must solve a 5-bit puzzle first.
+async fn puzzle_activity(s: &Stack) -> seckill_proto::pb::Activity {
+    let mut req = seckill_tests::stockd::sale_request(
+        &[(100, 100)],
+        2,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+        1,
+    );
+    req.challenge_bits = 5;
+    let mut admin = s.stockd.admin_client().await;
+    seckill_tests::stockd::create_and_publish(&mut admin, req).await
+}
+
 /// An activity whose only item is sold out, as the edge sees it.
 async fn sold_out_item(s: &Stack, gw: &GatewayHandle) -> (u64, u64) {
     let act = s.open_activity(&[(1, 100)]).await;
@@ -317,26 +340,9 @@ fn comparable_challenge(r: &RawResponse) -> (u16, Vec<(String, String)>, serde_j
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn challenge_issues_are_answered_in_the_lane_as_the_pipeline_answers_them() {
     let s = Stack::start().await;
-    // Three tokens per user, one back every 2 s: the lane must take them as the
-    // pipeline does.
-    let user_limited = |on: bool| {
-        move |c: &mut gateway::toml::Table| {
-            fast_lane(on)(c);
-            set(c, "limits", "per_user", bucket(0.5, 3.0));
-        }
-    };
     let fast = s.gateway(user_limited(true)).await;
     let slow = s.gateway(user_limited(false)).await;
-    let mut req = seckill_tests::stockd::sale_request(
-        &[(100, 100)],
-        2,
-        Duration::ZERO,
-        Duration::from_secs(3600),
-        1,
-    );
-    req.challenge_bits = 5;
-    let mut admin = s.stockd.admin_client().await;
-    let act = seckill_tests::stockd::create_and_publish(&mut admin, req).await;
+    let act = puzzle_activity(&s).await;
     let (a, item) = (act.id, act.items[0].id);
     fast.wait_activity(a).await;
     slow.wait_activity(a).await;
@@ -519,27 +525,12 @@ async fn reservations_are_answered_in_the_lane_as_the_pipeline_answers_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purchase_tokens_without_a_puzzle_are_answered_in_the_lane_as_the_pipeline_answers_them() {
     let s = Stack::start().await;
-    let user_limited = |on: bool| {
-        move |c: &mut gateway::toml::Table| {
-            fast_lane(on)(c);
-            set(c, "limits", "per_user", bucket(0.5, 3.0));
-        }
-    };
     let fast = s.gateway(user_limited(true)).await;
     let slow = s.gateway(user_limited(false)).await;
     let act = s.open_activity(&[(100, 100)]).await;
     let (a, item) = (act.id, act.items[0].id);
     // A second activity asking a puzzle: its tokens need a redeem (pingora's).
-    let mut req = seckill_tests::stockd::sale_request(
-        &[(100, 100)],
-        2,
-        Duration::ZERO,
-        Duration::from_secs(3600),
-        1,
-    );
-    req.challenge_bits = 5;
-    let mut admin = s.stockd.admin_client().await;
-    let puzzled = seckill_tests::stockd::create_and_publish(&mut admin, req).await;
+    let puzzled = puzzle_activity(&s).await;
     for gw in [&fast, &slow] {
         gw.wait_activity(a).await;
         gw.wait_activity(puzzled.id).await;
