@@ -53,11 +53,12 @@ use crate::handlers::challenge::{challenge_bits, challenge_body};
 use crate::handlers::reserve::token_body;
 use crate::handlers::reserve::{reserve_answer, ReserveAnswer};
 use crate::routes::{self, Route};
-use crate::shared::{Answered, Shared};
+use crate::shared::{Answered, Compiled, Shared};
 use bytes::{Buf, BytesMut};
 use pingora::server::ShutdownWatch;
 use seckill_proto::trace::TraceParent;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -92,6 +93,8 @@ enum Scan {
 
 /// A reserve request found by the scan, to be answered here (it waits for stockd).
 struct LaneReserve {
+    /// The policy the scan read (the request keeps it, as the pipeline's does).
+    policy: Arc<Compiled>,
     /// Its length (head and body), its head's, and where its `authorization` value is.
     len: usize,
     head_len: usize,
@@ -384,6 +387,7 @@ fn scan(
                 from..from + v.len()
             };
             Scan::Reserve(LaneReserve {
+                policy,
                 len,
                 head_len,
                 authorization: authorization.map(at),
@@ -415,12 +419,12 @@ async fn reserve(
     out: &mut Vec<u8>,
     memo: &mut TokenMemo,
 ) -> Answer {
-    let policy = shared.policy();
+    let policy = &r.policy;
     let (a, s) = r.item;
     let route = Route::Reserve(a, s);
     let authorization = r.authorization.map(|at| &buf[at]);
     let bearer = crate::auth::bearer(authorization, None, false);
-    let mut cx = Cx::new(shared, &policy, &route, r.client, bearer);
+    let mut cx = Cx::new(shared, policy, &route, r.client, bearer);
     cx.memo = Some(memo);
     let flow = match filters::run(&EDGE, &mut cx) {
         Flow::Go => filters::run(&AUTHENTICATED, &mut cx),

@@ -434,6 +434,20 @@ pub async fn shard_stock(
     out
 }
 
+/// Entries in an activity's shard streams (reservations not yet taken by orderd), all
+/// `shards` together, read straight from Redis.
+pub async fn stream_len(redis: &fred::clients::Client, activity: u64, shards: u32) -> i64 {
+    use fred::interfaces::StreamsInterface;
+    let mut n = 0;
+    for i in 0..shards {
+        n += redis
+            .xlen::<i64, _>(seckill_lua::keys::orders_stream(activity, i))
+            .await
+            .expect("XLEN");
+    }
+    n
+}
+
 /// What orderd does with a reservation, by hand: an order row and MySQL stock − 1.
 pub async fn make_order(db: &crate::TestDb, a: u64, s: u64, user: &str, req: &str, rid: &str) {
     let shard = rid.parse::<seckill_lua::ReservationId>().unwrap().shard;

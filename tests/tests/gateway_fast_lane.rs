@@ -321,6 +321,14 @@ async fn pipelined_split_and_chunked_requests_are_framed_and_handed_over_whole()
     assert!([410, 413].contains(&r.status), "{r:?}");
 }
 
+/// `headers` but `Content-Length` (for answers whose body holds values of their own).
+fn without_length(headers: Vec<(String, String)>) -> Vec<(String, String)> {
+    headers
+        .into_iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
+        .collect()
+}
+
 /// [`comparable`] with the puzzle's own fields (new per request) blanked.
 fn comparable_challenge(r: &RawResponse) -> (u16, Vec<(String, String)>, serde_json::Value) {
     let (status, headers, _) = comparable(r);
@@ -330,11 +338,7 @@ fn comparable_challenge(r: &RawResponse) -> (u16, Vec<(String, String)>, serde_j
             *v = serde_json::Value::Null;
         }
     }
-    let headers = headers
-        .into_iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
-        .collect();
-    (status, headers, body)
+    (status, without_length(headers), body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,11 +412,7 @@ fn comparable_reserve(r: &RawResponse) -> (u16, Vec<(String, String)>, String) {
     if let Some(rid) = rid {
         body = body.replace(rid, "<rid>");
     }
-    let headers = headers
-        .into_iter()
-        .filter(|(k, _)| !k.eq_ignore_ascii_case("content-length"))
-        .collect();
-    (status, headers, body)
+    (status, without_length(headers), body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,9 @@ use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::redis::{request_id, user_id};
-use seckill_tests::stockd::{create_published_activity, shard_stock, spawn_stockd, StockClient};
+use seckill_tests::stockd::{
+    create_published_activity, shard_stock, spawn_stockd, stream_len, StockClient,
+};
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -49,17 +51,6 @@ async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutco
     .unwrap()
     .into_inner()
     .outcome()
-}
-
-async fn stream_len(redis: &Client, a: u64, shards: u32) -> i64 {
-    let mut n = 0;
-    for i in 0..shards {
-        n += redis
-            .xlen::<i64, _>(keys::orders_stream(a, i))
-            .await
-            .unwrap();
-    }
-    n
 }
 
 /// Fires every call at once and collects (user, answer).

@@ -14,7 +14,7 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_proto::trace::TraceParent;
 use seckill_tests::stockd::{
     create_published_activity, create_published_activity_limited, shard_stock, spawn_stockd,
-    StockClient,
+    stream_len, StockClient,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tonic::Code;
@@ -116,14 +116,11 @@ async fn concurrent_batches_from_a_crowd_sell_exactly_the_stock_once_per_user() 
     let shards = shard_stock(&redis, a, s, 8).await;
     assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
     assert_eq!(shards.iter().sum::<i64>(), 0, "{shards:?}");
-    let mut in_streams = 0;
-    for i in 0..8 {
-        in_streams += redis
-            .xlen::<i64, _>(keys::orders_stream(a, i))
-            .await
-            .unwrap();
-    }
-    assert_eq!(in_streams, 100, "one stream entry per reservation");
+    assert_eq!(
+        stream_len(&redis, a, 8).await,
+        100,
+        "one stream entry per reservation"
+    );
     // The batches met in the shards' group commit.
     let b = &h.metrics.reserve_batch;
     assert!(
