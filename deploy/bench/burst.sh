@@ -18,6 +18,9 @@
 #
 # Usage: deploy/bench/burst.sh [demo.sh flags]     (brings the stack up with up.sh first)
 # Env: SKIP_UP=1 (the stack is already up; SKIP_BUILD=1 is passed to demo.sh then).
+#      TIMELINE=1: every process's CPU (and the crowd's) sampled every 250 ms over the run, to
+#      $OUT/timeline.tsv (t_s name cpu_ms_in_the_interval): who had the cores at the opening.
+#      PERF=1: perf record (cpu-clock) of the gateway over the run, to $OUT/perf-gateway.data.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 source "$ROOT/deploy/local/lib.sh"
@@ -31,8 +34,35 @@ ticks() { pids | while read -r n p; do echo "$n $(sed 's/^.*) //' "/proc/$p/stat
 scrape before
 ticks >"$OUT/cpu-before.txt"
 t0=$(date +%s.%N)
-SKIP_BUILD=1 "$ROOT/deploy/local/demo.sh" --no-up --out "$OUT/demo" "$@" >"$OUT/demo.log" 2>&1
+SKIP_BUILD=1 "$ROOT/deploy/local/demo.sh" --no-up --out "$OUT/demo" "$@" >"$OUT/demo.log" 2>&1 &
+demo=$!
+side=()
+if [ "${PERF:-0}" = 1 ] && [ -r "$STATE/pids/gateway.pid" ]; then
+    perf record -e cpu-clock -F "${PERF_FREQ:-999}" -g -p "$(cat "$STATE/pids/gateway.pid")" -o "$OUT/perf-gateway.data" >/dev/null 2>&1 &
+    side+=($!)
+fi
+if [ "${TIMELINE:-0}" = 1 ]; then
+    (   # Per 250 ms: each daemon's CPU ms, and the crowd's (any process named crowd).
+        hz=$(getconf CLK_TCK); declare -A last
+        while kill -0 "$demo" 2>/dev/null; do
+            now=$(date +%s.%N)
+            { pids; pgrep -x crowd | sed 's/^/crowd /'; } | while read -r n p; do
+                t=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}') || continue
+                echo "$now $n $p $t"
+            done
+            sleep 0.25
+        done
+    ) >"$OUT/timeline-raw.txt" 2>/dev/null &
+    side+=($!)
+fi
+wait "$demo"
 rc=$?
+for p in "${side[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+if [ -s "$OUT/timeline-raw.txt" ]; then
+    awk -v t0="$t0" -v hz="$(getconf CLK_TCK)" '{ k = $2 " " $3; if (k in last) printf "%.2f\t%s\t%.0f\n", $1 - t0, $2, ($4 - last[k]) * 1000 / hz; last[k] = $4 }' \
+        "$OUT/timeline-raw.txt" >"$OUT/timeline.tsv"
+    echo "CPU timeline (ms per 250 ms sample): $OUT/timeline.tsv"
+fi
 t1=$(date +%s.%N)
 ticks >"$OUT/cpu-after.txt"
 scrape after

@@ -35,6 +35,9 @@
 #         REF=<path to shared/bench/reference> WORK=/tmp/gateway-bench
 #         LIMITS_EXTRA='fleet = true' (TOML lines added to [limits] of the sold_out and
 #         limited configs, e.g. to measure them with the fleet-shared budgets on)
+#         PERF=1: perf record (cpu-clock, call graphs) of the server processes during each
+#         run, to $WORK/perf-<run tag>-<pid>.data (`perf report -i <file>`); the
+#         profiler's own cost lands in the figures of such a run
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -218,14 +221,21 @@ echo 'wrk.method = "POST"' >"$POST_LUA"
 
 one_run() { # tag url script pids... -> prints "rps p50 p99 us_per_req"
     local tag=$1 url=$2 script=$3; shift 3
-    local f=$WORK/wrk-$tag.txt c0 c1 out n
+    local f=$WORK/wrk-$tag.txt c0 c1 out n p perfs=()
     c0=$(cpu_ticks "$@")
+    if [ "${PERF:-0}" = 1 ]; then
+        for p in "$@"; do
+            perf record -e cpu-clock -F "${PERF_FREQ:-999}" ${PERF_CG:--g} -p "$p" -o "$WORK/perf-$tag-$p.data" >/dev/null 2>&1 &
+            perfs+=($!)
+        done
+    fi
     if [ -n "$script" ]; then
         "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency -s "$script" "$url" >"$f" 2>&1
     else
         "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency "$url" >"$f" 2>&1
     fi
     c1=$(cpu_ticks "$@")
+    for p in "${perfs[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     out=$(parse_wrk "$f"); n=$(echo "$out" | awk '{print $4}')
     echo "$out" | awk -v c=$((c1 - c0)) -v hz="$CLK_TCK" '{ printf "%s %s %s %.2f\n", $1, $2, $3, ($4 > 0 ? c * 1e6 / hz / $4 : 0) }'
 }
