@@ -173,6 +173,67 @@ async fn users_skewed_onto_two_home_shards_still_buy_every_unit() {
 }
 
 #[tokio::test]
+async fn a_move_asks_only_the_donor_that_holds_units() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(80, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    // The end of a sale: every shard empty but the last one, which holds 3 units.
+    for i in 0..7 {
+        let _: () = redis
+            .set(keys::stock(a, i, s), 0, None, None, false)
+            .await
+            .unwrap();
+    }
+    let _: () = redis
+        .set(keys::stock(a, 7, s), 3, None, None, false)
+        .await
+        .unwrap();
+    let takes = || {
+        h.metrics
+            .lua_seconds
+            .with_label_values(&["take"])
+            .get_sample_count()
+    };
+    let mut c = h.stock_client().await;
+    // One buyer per empty home shard, one after the other: each move is one take, on
+    // shard 7, never a walk over the six empty donors.
+    let mut sold = 0;
+    for home in 0..3u32 {
+        let user = (0..)
+            .map(|u| format!("late-{home}-{u}"))
+            .find(|u| home_shard(u, 8) == home)
+            .unwrap();
+        let before = takes();
+        let r = reserve(&mut c, a, s, &user, &format!("{user}-r"))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.outcome(),
+            ReserveOutcome::Reserved,
+            "{user} on shard {home}"
+        );
+        assert_eq!(takes() - before, 1, "takes for {user} on shard {home}");
+        sold += 1;
+    }
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert_eq!(shards.iter().sum::<i64>(), 3 - sold, "{shards:?}");
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    // Nothing left anywhere: a fourth buyer is told sold out without a single take.
+    let before = takes();
+    let user = (0..)
+        .map(|u| format!("later-{u}"))
+        .find(|u| home_shard(u, 8) == 4)
+        .unwrap();
+    let r = reserve(&mut c, a, s, &user, "later-r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    assert_eq!(takes() - before, 0);
+}
+
+#[tokio::test]
 async fn a_retry_with_the_same_request_id_returns_the_same_reservation() {
     init_tracing();
     let cluster = RedisCluster::start();
