@@ -10,6 +10,8 @@
 #              it (the channel's queue and HTTP/2 included)
 #   stockd     stockd_reserve_seconds: the whole Reserve handler (queueing for the shard's
 #              group-commit call included)
+#   batch      stockd_reserve_batch_rpc_seconds: one edge ReserveBatch call as a whole (its
+#              slowest entry: every entry of the batch waits for it)
 #   lua        stockd_lua_seconds{script="reserve"}: one EVALSHA (with its WAIT when acked)
 #   ack        stockd_replica_ack_seconds: the pipeline's WAIT for a replica
 # The gap crowd - edge is time outside the gateway's handler: the client's own scheduling, the
@@ -76,6 +78,7 @@ echo "stages, from the daemons' histograms over the crowd's run:"
 python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_request_duration_seconds 'outcome="reserved"'
 python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_upstream_call_seconds 'service="stockd"'
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_seconds
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_rpc_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_lua_seconds 'script="reserve"'
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_replica_ack_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size

@@ -5,7 +5,8 @@
 
 Prints, for the histogram METRIC (series whose labels contain LABEL_SUBSTRING), the number of
 observations between the scrapes, their mean, and p50/p90/p99 as bucket upper edges (an
-observation in (0.005, 0.01] reads as 10 ms). Used by deploy/bench/burst.sh to split the
+observation in (0.005, 0.01] reads as 10 ms). A METRIC not named `*_seconds` (a size) is
+printed as is, without a unit. Used by deploy/bench/burst.sh to split the
 crowd's `reserved` latency into the stages the edge and stockd measure.
 """
 import re
@@ -45,13 +46,15 @@ def main():
     edges = sorted(b1)
     cum = [(e, b1[e] - b0.get(e, 0.0)) for e in edges]
 
+    scale, unit = (1000, " ms") if metric.endswith("_seconds") else (1, "")
+
     def q(p):
         for e, c in cum:
             if c >= p * n:
-                return "inf" if e == float("inf") else f"<= {e * 1000:g} ms"
+                return "inf" if e == float("inf") else f"<= {e * scale:g}{unit}"
         return "?"
 
-    print(f"{metric}{{{label}}}: n={n:.0f} mean={(s1 - s0) / n * 1000:.2f} ms "
+    print(f"{metric}{{{label}}}: n={n:.0f} mean={(s1 - s0) / n * scale:.2f}{unit} "
           f"p50 {q(0.5)}, p90 {q(0.9)}, p99 {q(0.99)}")
 
 

@@ -69,6 +69,9 @@ pub struct Metrics {
     pub reserve_seconds: Histogram,
     /// `stockd_reserve_batch_size`: reservations per reserve call (group commit).
     pub reserve_batch: Histogram,
+    /// `stockd_reserve_batch_rpc_seconds`: one `ReserveBatch` call of an edge, from its
+    /// decoded request to its answer, i.e. its slowest entry (every entry waits for it).
+    pub reserve_batch_rpc_seconds: Histogram,
     /// `stockd_redis_errors_total{kind}`: timeout, noscript, error.
     pub redis_errors: IntCounterVec,
     /// `stockd_recomputes_total{result}`: ok, error.
@@ -150,6 +153,16 @@ impl Metrics {
             )
             .buckets(vec![
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0,
+            ]),
+        )
+        .expect("valid metric");
+        let reserve_batch_rpc_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "stockd_reserve_batch_rpc_seconds",
+                "One ReserveBatch call, request decoded to answer (its slowest entry)",
+            )
+            .buckets(vec![
+                0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             ]),
         )
         .expect("valid metric");
@@ -244,6 +257,7 @@ impl Metrics {
             Box::new(lua_seconds.clone()),
             Box::new(reserve_seconds.clone()),
             Box::new(reserve_batch.clone()),
+            Box::new(reserve_batch_rpc_seconds.clone()),
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
             Box::new(false_sold_out.clone()),
@@ -272,6 +286,7 @@ impl Metrics {
             lua_seconds,
             reserve_seconds,
             reserve_batch,
+            reserve_batch_rpc_seconds,
             redis_errors,
             recomputes,
             false_sold_out,

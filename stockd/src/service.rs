@@ -66,6 +66,7 @@ impl StockService for StockSvc {
             )
             .into());
         }
+        let started = std::time::Instant::now();
         let results = futures::future::join_all(entries.into_iter().map(|e| {
             let app = &self.app;
             async move {
@@ -90,6 +91,10 @@ impl StockService for StockSvc {
             },
         })
         .collect();
+        self.app
+            .metrics
+            .reserve_batch_rpc_seconds
+            .observe(started.elapsed().as_secs_f64());
         Ok(Response::new(pb::ReserveBatchResponse { results }))
     }
 
