@@ -53,6 +53,18 @@ impl<M: Clone> Children<M> {
     }
 }
 
+/// Buckets of the latency histograms of whole calls (a Reserve, a ReserveBatch, a
+/// script with its `WAIT`): 0.25 ms to 1 s.
+const CALL_BUCKETS: [f64; 12] = [
+    0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// A histogram of call latencies in seconds ([`CALL_BUCKETS`]).
+fn call_histogram(name: &str, help: &str) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(CALL_BUCKETS.to_vec()))
+        .expect("valid metric")
+}
+
 /// Every stockd metric and the registry holding them.
 #[derive(Clone)]
 pub struct Metrics {
@@ -138,14 +150,8 @@ impl Metrics {
             &["script"],
         )
         .expect("valid metric");
-        let reserve_seconds = Histogram::with_opts(
-            HistogramOpts::new("stockd_reserve_seconds", "Latency of a whole Reserve").buckets(
-                vec![
-                    0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                ],
-            ),
-        )
-        .expect("valid metric");
+        let reserve_seconds =
+            call_histogram("stockd_reserve_seconds", "Latency of a whole Reserve");
         let reserve_batch = Histogram::with_opts(
             HistogramOpts::new(
                 "stockd_reserve_batch_size",
@@ -156,16 +162,10 @@ impl Metrics {
             ]),
         )
         .expect("valid metric");
-        let reserve_batch_rpc_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "stockd_reserve_batch_rpc_seconds",
-                "One ReserveBatch call, request decoded to answer (its slowest entry)",
-            )
-            .buckets(vec![
-                0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-            ]),
-        )
-        .expect("valid metric");
+        let reserve_batch_rpc_seconds = call_histogram(
+            "stockd_reserve_batch_rpc_seconds",
+            "One ReserveBatch call, request decoded to answer (its slowest entry)",
+        );
         let redis_errors = IntCounterVec::new(
             Opts::new("stockd_redis_errors_total", "Redis errors by kind"),
             &["kind"],
@@ -202,16 +202,10 @@ impl Metrics {
             "Reservations Redis lost that were never answered RESERVED (no replica acknowledged them)",
         )
         .expect("valid metric");
-        let replica_ack_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "stockd_replica_ack_seconds",
-                "A replica-acknowledged script call (EVALSHA + WAIT), seconds",
-            )
-            .buckets(vec![
-                0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-            ]),
-        )
-        .expect("valid metric");
+        let replica_ack_seconds = call_histogram(
+            "stockd_replica_ack_seconds",
+            "A replica-acknowledged script call (EVALSHA + WAIT), seconds",
+        );
         let replica_acks_total = IntCounterVec::new(
             Opts::new(
                 "stockd_replica_acks_total",

@@ -347,7 +347,7 @@ impl App {
     /// rotating order that spreads concurrent moves). Why: near the end of a sale most
     /// donors are empty, and a take on each in turn (a Lua call and a `WAIT` each) made
     /// the reservations that found their home empty the slowest of the opening burst
-    /// (928 takes for 319 units moved in the demo's crowd), holding back every
+    /// (1,218 takes for 269 units moved in one demo crowd, 28 after), holding back every
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
     async fn rebalance(

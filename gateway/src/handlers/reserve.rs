@@ -203,7 +203,7 @@ fn reserved_body(rid: &str, quantity: u32, trace_id: &str) -> Vec<u8> {
 /// is `<exp>.<base64url>`: nothing in it needs escaping.
 pub(crate) fn token_body(token: &str, exp: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(b"{\"expires_at_ms\":");
-    out.extend_from_slice(exp.to_string().as_bytes());
+    crate::answer::push_decimal(out, exp);
     out.extend_from_slice(b",\"purchase_token\":\"");
     out.extend_from_slice(token.as_bytes());
     out.extend_from_slice(b"\"}");
