@@ -229,12 +229,14 @@ async fn a_poison_entry_is_dead_lettered_after_n_tries_and_replay_creates_the_or
     let good = reserve_direct(&redis, a, seeded.items[0], 2, "fine-user", "r").await;
     assert_eq!(good.outcome, "RESERVED");
 
+    // A letter's row is written before its `sk:dlq` entry and the ack; the counter
+    // moves once both are done, so wait on it too.
     wait_until_async("two dead letters", Duration::from_secs(30), || async {
         let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters")
             .fetch_one(db.pool())
             .await
             .unwrap();
-        n == 2
+        n == 2 && orderd.metrics.dead_letters_total.get() == 2
     })
     .await;
     let mut client = orderd.order_client().await;

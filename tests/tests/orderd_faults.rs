@@ -183,12 +183,14 @@ async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_rede
         .xadd(keys::orders_stream(a, 0), false, None, "*", entry)
         .await
         .unwrap();
+    // The row is written first, then `sk:dlq`, then the ack; the counter moves last,
+    // once the entry is fully handled. Wait for both.
     wait_until_async("a dead letter", Duration::from_secs(30), || async {
         let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM dead_letters")
             .fetch_one(db.pool())
             .await
             .unwrap();
-        n == 1
+        n == 1 && orderd.metrics.dead_letters_total.get() == 1
     })
     .await;
     let (rid, error): (String, String) =
