@@ -9,7 +9,9 @@
 # client speaks to one node) with one replica, AOF everysec on both, like a shard of the local
 # stack. Same load tool (wrk -t1 -cCONNS, one Lua script handing out requests prepared before
 # the run: distinct users, a fresh user per request, JWTs and purchase tokens signed outside
-# the timed window), same concurrency, stock large enough that nothing sells out.
+# the timed window), same concurrency, stock large enough that nothing sells out. The anchor's
+# RESP client pools max(64, CONNS) Redis connections (it ships with 64: past that it would
+# connect per request). docs/load-testing.md has the ratio at 32 to 256 connections.
 #
 # stockd is measured in both settings of redis.replica_acks, each behind its own gateway:
 #   acks0  replica_acks = 0: answers once the master has it. Like with like (the anchor does
@@ -233,6 +235,13 @@ cp "$REF"/lua/*.lua "$NGX_DIR/lua/"
 # The anchor as shipped, on this run's ports (its RESP client and listeners are fixed ones).
 sed -i "s/local HOST, PORT = \"127.0.0.1\", 6390/local HOST, PORT = \"127.0.0.1\", $REDIS_PORT/" "$NGX_DIR/lua/resp.lua"
 grep -q "\"127.0.0.1\", $REDIS_PORT" "$NGX_DIR/lua/resp.lua" || die "could not point resp.lua at port $REDIS_PORT"
+# Its keepalive pool holds 64 Redis connections: past 64 concurrent requests nginx would
+# connect and close one per request, a handicap of the setting and not of the design. Give it
+# one pooled connection per wrk connection (stockd keeps one connection per node whatever the
+# load).
+ANCHOR_POOL=$(( CONNS > 64 ? CONNS : 64 ))
+sed -i "s/local POOL_SIZE, IDLE_MS, TIMEOUT_MS = 64,/local POOL_SIZE, IDLE_MS, TIMEOUT_MS = $ANCHOR_POOL,/" "$NGX_DIR/lua/resp.lua"
+grep -q "POOL_SIZE, IDLE_MS, TIMEOUT_MS = $ANCHOR_POOL," "$NGX_DIR/lua/resp.lua" || die "could not set resp.lua's pool to $ANCHOR_POOL"
 NGX_PID=""
 for try in 1 2 3; do
     sed -e "s|@WORKERS@|1|g" -e "s|@PREFIX@|$NGX_DIR|g" -e "s|@LUA_DIR@|$NGX_DIR/lua|g" \
