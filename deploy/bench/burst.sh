@@ -44,8 +44,8 @@ if [ "${PERF:-0}" = 1 ] && [ -r "$STATE/pids/gateway.pid" ]; then
     side+=($!)
 fi
 if [ "${TIMELINE:-0}" = 1 ]; then
-    (   # Per 250 ms: each daemon's CPU ms, and the crowd's (any process named crowd).
-        hz=$(getconf CLK_TCK); declare -A last
+    (   # Per 250 ms: each daemon's CPU ticks, and the crowd's (any process named crowd);
+        # turned into ms per interval after the run.
         while kill -0 "$demo" 2>/dev/null; do
             now=$(date +%s.%N)
             { pids; pgrep -x crowd | sed 's/^/crowd /'; } | while read -r n p; do

@@ -904,6 +904,14 @@ pub fn user_id(s: &str) -> seckill_lua::UserId {
     seckill_lua::UserId::parse(s).unwrap_or_else(|e| panic!("user id {s:?}: {e}"))
 }
 
+/// The first user id `<prefix>-<n>` (n = 0, 1, ...) whose home is `shard` of `shards`.
+pub fn user_on_shard(prefix: &str, shard: u32, shards: u32) -> String {
+    (0..)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|u| seckill_lua::home_shard(u, shards) == shard)
+        .expect("some user id lands on every shard")
+}
+
 /// `s` as a request id for a script call a test builds.
 pub fn request_id(s: &str) -> seckill_lua::RequestId {
     seckill_lua::RequestId::parse(s).unwrap_or_else(|e| panic!("request id {s:?}: {e}"))

@@ -464,10 +464,7 @@ async fn a_rebuild_from_mysql_counts_units_of_reservations_in_flight_and_of_orde
     // Redis loses a shard's fence: the next reserve there (zed's home) starts a
     // rebuild from MySQL with both reservations still in flight (no orderd yet): 3 + 2
     // units held, 5 on sale; zed then takes 1.
-    let zed = (0..)
-        .map(|i| format!("zed-{i}"))
-        .find(|u| seckill_lua::home_shard(u, SHARDS) == 0)
-        .unwrap();
+    let zed = seckill_tests::redis::user_on_shard("zed", 0, SHARDS);
     let _: i64 = redis.del(seckill_lua::keys::fence(a, 0)).await.unwrap();
     wait_until_async("the activity is rebuilt", Duration::from_secs(30), || {
         let (mut c, zed) = (c.clone(), zed.clone());

@@ -15,7 +15,7 @@ use seckill_lua::calls::ReserveCall;
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
-use seckill_tests::redis::{request_id, user_id};
+use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
     create_published_activity, shard_stock, spawn_stockd, stream_len, StockClient,
 };
@@ -182,16 +182,13 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     // The end of a sale: every shard empty but the last one, which holds 3 units.
-    for i in 0..7 {
+    for i in 0..8 {
+        let units = if i == 7 { 3 } else { 0 };
         let _: () = redis
-            .set(keys::stock(a, i, s), 0, None, None, false)
+            .set(keys::stock(a, i, s), units, None, None, false)
             .await
             .unwrap();
     }
-    let _: () = redis
-        .set(keys::stock(a, 7, s), 3, None, None, false)
-        .await
-        .unwrap();
     let takes = || {
         h.metrics
             .lua_seconds
@@ -203,10 +200,7 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
     // shard 7, never a walk over the six empty donors.
     let mut sold = 0;
     for home in 0..3u32 {
-        let user = (0..)
-            .map(|u| format!("late-{home}-{u}"))
-            .find(|u| home_shard(u, 8) == home)
-            .unwrap();
+        let user = user_on_shard(&format!("late-{home}"), home, 8);
         let before = takes();
         let r = reserve(&mut c, a, s, &user, &format!("{user}-r"))
             .await
@@ -224,10 +218,7 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
     assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
     // Nothing left anywhere: a fourth buyer is told sold out without a single take.
     let before = takes();
-    let user = (0..)
-        .map(|u| format!("later-{u}"))
-        .find(|u| home_shard(u, 8) == 4)
-        .unwrap();
+    let user = user_on_shard("later", 4, 8);
     let r = reserve(&mut c, a, s, &user, "later-r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
     assert_eq!(takes() - before, 0);
