@@ -140,6 +140,16 @@ pub struct ConsumerConfig {
     /// connection to that node.)
     #[serde(default = "default_block_ms")]
     pub block_ms: u64,
+    /// How long a consumer holds a batch of new entries smaller than `batch_size`
+    /// before writing it, in ms: it then reads what arrived meanwhile and writes both
+    /// in one MySQL transaction (Kafka's `linger.ms`). A sale's opening adds entries a
+    /// few at a time to every stream; written as they come, each becomes a
+    /// transaction of its own on the item's hot stock row, and MySQL's and orderd's
+    /// work lands in the very second the edge and stockd answer the crowd. Orders stay
+    /// `QUEUED` (served from Redis) that much longer. 0 writes at once. Default 500;
+    /// at most `claim_idle_ms / 4`.
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
     /// Wake idle consumers on `XADD` instead of polling them: orderd adds the flags
     /// `Et` to `notify-keyspace-events` on every primary (`CONFIG SET`) and subscribes
     /// to `__keyevent@0__:xadd` there. Idle streams then cost nothing but their claim
@@ -246,6 +256,9 @@ fn default_batch_size() -> u64 {
 fn default_block_ms() -> u64 {
     50
 }
+fn default_linger_ms() -> u64 {
+    500
+}
 fn default_true() -> bool {
     true
 }
@@ -290,6 +303,7 @@ impl Default for ConsumerConfig {
             name: None,
             batch_size: default_batch_size(),
             block_ms: default_block_ms(),
+            linger_ms: default_linger_ms(),
             keyspace_events: true,
             claim_idle_ms: default_claim_idle_ms(),
             clean_sweep_ms: default_clean_sweep_ms(),
@@ -353,6 +367,8 @@ impl Config {
             consumer: ConsumerConfig {
                 name: Some(format!("test-{}", rand::random::<u32>())),
                 block_ms: 20,
+                // Short: tests shorten claim_idle_ms down to 100 (linger <= claim / 4).
+                linger_ms: 20,
                 keyspace_events: true,
                 claim_idle_ms: 2000,
                 backoff_base_ms: 50,
@@ -446,6 +462,15 @@ impl Validate for Config {
         }
         ensure_range(c.batch_size, 1..=10_000, "consumer.batch_size")?;
         ensure_range(c.block_ms, 1..=10_000, "consumer.block_ms")?;
+        ensure(
+            c.linger_ms <= c.claim_idle_ms / 4,
+            "consumer.linger_ms",
+            format!(
+                "must be at most claim_idle_ms / 4 ({}): a lingering batch is pending, \
+                 and must not look abandoned",
+                c.claim_idle_ms / 4
+            ),
+        )?;
         ensure(
             c.claim_idle_ms >= 10,
             "consumer.claim_idle_ms",
@@ -582,6 +607,35 @@ callback_secret = "0123456789abcdef"
         let env = [("ORDERD__CONSUMER__BATCH_SIZE".to_string(), "0".to_string())];
         let e = Config::load_str(GOOD, "o.toml", env).unwrap_err();
         assert!(e.to_string().contains("consumer.batch_size"), "{e}");
+    }
+
+    #[test]
+    fn a_linger_longer_than_a_quarter_of_the_claim_idle_time_is_refused() {
+        let env = |linger: &str, claim: &str| {
+            [
+                (
+                    "ORDERD__CONSUMER__LINGER_MS".to_string(),
+                    linger.to_string(),
+                ),
+                (
+                    "ORDERD__CONSUMER__CLAIM_IDLE_MS".to_string(),
+                    claim.to_string(),
+                ),
+            ]
+        };
+        let c = Config::load_str(GOOD, "o.toml", env("2500", "10000")).unwrap();
+        assert_eq!(c.consumer.linger_ms, 2500);
+        let e = Config::load_str(GOOD, "o.toml", env("2501", "10000"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("o.toml: consumer.linger_ms: must be at most claim_idle_ms / 4 (2500)"),
+            "{e}"
+        );
+        // Off is always allowed; the default fits the default claim time.
+        assert!(Config::load_str(GOOD, "o.toml", env("0", "10")).is_ok());
+        let d = ConsumerConfig::default();
+        assert!(d.linger_ms > 0 && d.linger_ms <= d.claim_idle_ms / 4);
     }
 
     #[test]

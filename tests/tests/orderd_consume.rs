@@ -440,3 +440,106 @@ async fn a_second_reservation_of_a_user_who_holds_an_active_order_fails_without_
     assert_eq!(count_orders(&db, "PENDING").await, 1);
     assert_eq!(mysql_stock(&db, s).await, 9, "one unit taken, not two");
 }
+
+/// Reservations trickling into one stream (one every 10 ms for 300 ms), with orderd's
+/// `consumer.linger_ms` at `linger` and `consumer.batch_size` at `batch`: returns (MySQL
+/// transactions written, orders in MySQL at each of `checks` after the first
+/// reservation). Every reservation becomes an order in any case.
+async fn trickle_into_one_stream(linger: u64, batch: u64, checks: &[u64]) -> (u64, Vec<i64>) {
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(100, 990)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
+        c.consumer.claim_idle_ms = 12_000;
+        c.consumer.linger_ms = linger;
+        c.consumer.batch_size = batch;
+    })
+    .await;
+    // The consumer is up and idle before the first reservation.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let first = tokio::time::Instant::now();
+    for u in 0..30 {
+        let r = reserve_direct(&redis, a, s, 1, &format!("u{u}"), &format!("r{u}")).await;
+        assert_eq!(r.outcome, "RESERVED");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut seen = Vec::new();
+    for at in checks {
+        tokio::time::sleep_until(first + Duration::from_millis(*at)).await;
+        seen.push(count_all_orders(&db).await);
+    }
+    wait_orders(&db, 30, Duration::from_secs(30)).await;
+    assert_eq!(count_all_orders(&db).await, 30);
+    assert_eq!(mysql_stock(&db, s).await, 70);
+    (orderd.metrics.batch_size.get_sample_count(), seen)
+}
+
+#[tokio::test]
+async fn a_trickle_of_reservations_waits_out_the_linger_and_is_written_as_one_transaction() {
+    init_tracing();
+    // Lingering 3 s: the 30 entries of the 300 ms trickle are one batch, written after
+    // the linger (none in MySQL at 1.5 s).
+    let (batches, seen) = trickle_into_one_stream(3_000, 500, &[1_500]).await;
+    assert_eq!(seen, [0], "written before the linger was over");
+    assert_eq!(batches, 1, "one transaction for the whole trickle");
+    // A full read is not held: with 10 per batch the first read (short) lingers and
+    // its top-up fills it; the 20 entries queued by then are two full reads, written
+    // at once (all 30 in MySQL well before a second linger could end, at 6 s).
+    let (batches, seen) = trickle_into_one_stream(3_000, 10, &[1_500, 4_500]).await;
+    assert_eq!(batches, 3, "three full batches");
+    assert_eq!(seen, [0, 30], "the full batches were held");
+    // Without lingering (the checks above can fail): the entries go as they come, a
+    // few per transaction, and are in MySQL at once.
+    let (batches, seen) = trickle_into_one_stream(0, 500, &[1_500]).await;
+    assert!(batches > 5, "{batches} transactions without lingering");
+    assert_eq!(seen, [30]);
+}
+
+#[tokio::test]
+async fn a_shutdown_during_the_linger_writes_the_batch_in_hand() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(100, 990)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    // Queued before orderd starts: its first read takes all five, then lingers.
+    for u in 0..5 {
+        let r = reserve_direct(&redis, a, s, 1, &format!("u{u}"), &format!("r{u}")).await;
+        assert_eq!(r.outcome, "RESERVED");
+    }
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
+        c.consumer.claim_idle_ms = 60_000;
+        c.consumer.linger_ms = 15_000;
+    })
+    .await;
+    // Read and held (pending on this consumer), not written.
+    wait_until_async("the entries read", Duration::from_secs(10), || async {
+        // NOGROUP until orderd has created its group.
+        let pending: Result<Value, _> = redis
+            .xpending(keys::orders_stream(a, 0), "orderd", ())
+            .await;
+        pending.is_ok_and(|p| p.into_array().first().and_then(|n| n.as_u64()) == Some(5))
+    })
+    .await;
+    assert_eq!(count_all_orders(&db).await, 0);
+    let stopping = tokio::time::Instant::now();
+    orderd.stop().await.unwrap();
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "the stop waited out the linger"
+    );
+    assert_eq!(
+        count_all_orders(&db).await,
+        5,
+        "the batch in hand was dropped"
+    );
+    assert_eq!(
+        backlog(&redis, a, 1).await,
+        0,
+        "written but not acknowledged"
+    );
+}
