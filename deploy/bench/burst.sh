@@ -14,6 +14,8 @@
 #              slowest entry: every entry of the batch waits for it)
 #   lua        stockd_lua_seconds{script="reserve"}: one EVALSHA (with its WAIT when acked)
 #   ack        stockd_replica_ack_seconds: the pipeline's WAIT for a replica
+# Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
+# kept in $OUT/answers.tsv; deploy/bench/opening.py): which answers were slow, and when.
 # The gap crowd - edge is time outside the gateway's handler: the client's own scheduling, the
 # kernel's socket queues and the gateway's event loop before it reads the request. Also the
 # CPU seconds of each process over the run (who had the 2 cores).
@@ -36,7 +38,7 @@ ticks() { pids | while read -r n p; do echo "$n $(sed 's/^.*) //' "/proc/$p/stat
 scrape before
 ticks >"$OUT/cpu-before.txt"
 t0=$(date +%s.%N)
-SKIP_BUILD=1 "$ROOT/deploy/local/demo.sh" --no-up --out "$OUT/demo" "$@" >"$OUT/demo.log" 2>&1 &
+CROWD_ANSWERS_TSV=$OUT/answers.tsv SKIP_BUILD=1 "$ROOT/deploy/local/demo.sh" --no-up --out "$OUT/demo" "$@" >"$OUT/demo.log" 2>&1 &
 demo=$!
 side=()
 if [ "${PERF:-0}" = 1 ] && [ -r "$STATE/pids/gateway.pid" ]; then
@@ -74,6 +76,11 @@ echo
 echo "crowd's own report (reserved and all answers):"
 grep -E "^ *(kind|reserved|all) " "$OUT/demo.log" | head -3
 echo
+if [ -s "$OUT/answers.tsv" ]; then
+    echo "the opening, by the crowd's send time (every answer: $OUT/answers.tsv):"
+    python3 "$HERE/opening.py" "$OUT/answers.tsv" 25 400
+    echo
+fi
 echo "stages, from the daemons' histograms over the crowd's run:"
 python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_request_duration_seconds 'outcome="reserved"'
 python3 "$HERE/hist-diff.py" "$OUT/gateway-before.prom" "$OUT/gateway-after.prom" gateway_upstream_call_seconds 'service="stockd"'

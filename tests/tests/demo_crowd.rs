@@ -91,6 +91,8 @@ async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss(
         "--quiet".into(),
         "--out".into(),
         out.path().display().to_string(),
+        "--answers-tsv".into(),
+        out.path().join("answers.tsv").display().to_string(),
     ];
     let run = tokio::task::spawn_blocking(move || Command::new(exe).args(args).output())
         .await
@@ -136,6 +138,38 @@ async fn a_small_crowd_sells_every_unit_once_with_no_oversell_duplicate_or_loss(
     );
     assert_eq!(r["passed"], true, "{stdout}");
     assert!(run.status.success(), "crowd exit {:?}", run.status);
+
+    // --answers-tsv: every answer counted in the report, one line each, in send order,
+    // and burst.sh's table of the opening reads it.
+    let tsv = std::fs::read_to_string(out.path().join("answers.tsv")).expect("answers.tsv");
+    let lines: Vec<Vec<&str>> = tsv.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(lines.len() as u64, r["requests"].as_u64().unwrap());
+    let mut last_sent = f64::MIN;
+    let mut by_kind = std::collections::BTreeMap::<&str, u64>::new();
+    for l in &lines {
+        assert_eq!(l.len(), 3, "{l:?}");
+        let (sent, latency): (f64, f64) = (l[0].parse().unwrap(), l[1].parse().unwrap());
+        assert!(sent >= last_sent && latency >= 0.0, "{l:?}");
+        last_sent = sent;
+        *by_kind.entry(l[2]).or_default() += 1;
+    }
+    for (kind, n) in answers {
+        assert_eq!(
+            by_kind.get(kind.as_str()).copied().unwrap_or(0),
+            n.as_u64().unwrap(),
+            "{kind}"
+        );
+    }
+    let table = Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/bench/opening.py"))
+        .arg(out.path().join("answers.tsv"))
+        .output()
+        .expect("run opening.py");
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.status.success() && text.contains("reserved"),
+        "{text}"
+    );
 }
 
 /// The last 40 WARN/ERROR lines of a log.

@@ -45,6 +45,8 @@ pub struct Plan {
     pub abuse_requests: u32,
     pub items: Vec<u64>,
     pub seed: u64,
+    /// Keep every answer's send time, latency and kind ([`CrowdResult::answers`]).
+    pub keep_answers: bool,
 }
 
 /// Who holds a reservation, with what it takes to act as them (pay).
@@ -75,6 +77,9 @@ pub struct CrowdResult {
     pub buyers_without_login: u64,
     /// What the `errors` answers were, counted.
     pub error_samples: BTreeMap<String, u64>,
+    /// With [`Plan::keep_answers`]: every answer of the buy path as (sent, latency,
+    /// kind), sent measured from the opening, in the order they came back.
+    pub answers: Vec<(Duration, Duration, Kind)>,
 }
 
 #[derive(Default)]
@@ -84,6 +89,8 @@ struct Shared {
     counts: [AtomicU64; Kind::ALL.len()],
     /// What the `errors` answers were: "status code" or the transport error, counted.
     errors: Mutex<BTreeMap<String, u64>>,
+    /// Every answer, when the plan keeps them.
+    answers: Option<Mutex<Vec<(Duration, Duration, Kind)>>>,
 }
 
 #[derive(Default)]
@@ -97,6 +104,11 @@ impl Shared {
     fn record(&self, a: &Answer, start: Instant) -> Kind {
         let kind = a.kind();
         let at = start.elapsed().saturating_sub(a.latency);
+        if let Some(all) = &self.answers {
+            all.lock()
+                .expect("answers lock")
+                .push((at, a.latency, kind));
+        }
         self.stats
             .lock()
             .expect("stats lock")
@@ -438,7 +450,12 @@ pub async fn run(
 ) -> CrowdResult {
     let plan = Arc::new(plan);
     let act = Arc::new(act);
-    let sh = Arc::new(Shared::default());
+    let sh = Arc::new(Shared {
+        answers: plan
+            .keep_answers
+            .then(|| Mutex::new(Vec::with_capacity(4 * users.len()))),
+        ..Shared::default()
+    });
     let mut rng = StdRng::seed_from_u64(plan.seed);
 
     wait_for_open(&act).await;
@@ -522,6 +539,11 @@ pub async fn run(
     let holdings = std::mem::take(&mut *sh.holdings.lock().expect("holdings lock"));
     let stats = std::mem::take(&mut *sh.stats.lock().expect("stats lock"));
     let error_samples = std::mem::take(&mut *sh.errors.lock().expect("errors lock"));
+    let answers = sh
+        .answers
+        .as_ref()
+        .map(|a| std::mem::take(&mut *a.lock().expect("answers lock")))
+        .unwrap_or_default();
     let client_duplicates = holdings
         .by_pair
         .into_iter()
@@ -531,6 +553,7 @@ pub async fn run(
     CrowdResult {
         stats,
         error_samples,
+        answers,
         reserved: holdings.reserved,
         client_duplicates,
         idempotency_violations: holdings.idempotency_violations,

@@ -118,6 +118,11 @@ struct Args {
     /// No progress bar (progress lines every 5 s instead).
     #[arg(long)]
     quiet: bool,
+    /// Also write every answer of the buy path to this file, one line each:
+    /// `sent_ms<TAB>latency_ms<TAB>kind`, sent measured from the opening (how the
+    /// opening's first hundreds of milliseconds went; `deploy/bench/burst.sh` tables it).
+    #[arg(long, env = "CROWD_ANSWERS_TSV")]
+    answers_tsv: Option<PathBuf>,
 }
 
 fn bar(quiet: bool, len: u64, template: &str) -> ProgressBar {
@@ -239,6 +244,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         abuse_requests: args.abuse_requests,
         items,
         seed: args.seed,
+        keep_answers: args.answers_tsv.is_some(),
+    };
+    // Created now, so a path that cannot be written fails before the run, not after.
+    let answers_file = match &args.answers_tsv {
+        Some(p) => Some(
+            std::fs::File::create(p)
+                .with_context(|| format!("--answers-tsv {}: cannot create", p.display()))?,
+        ),
+        None => None,
     };
     let started_at_ms = http::now_ms();
     let pb = bar(
@@ -249,6 +263,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let mut crowd = driver::run(plan, act.clone(), &doors, &users, jwts.clone(), bots, pb).await;
     crowd.login_requests = login_requests;
     crowd.login_failures = login_failures;
+    if let (Some(f), Some(p)) = (answers_file, &args.answers_tsv) {
+        write_answers(f, &crowd.answers)
+            .with_context(|| format!("--answers-tsv {}: cannot write", p.display()))?;
+    }
 
     let reserved_ids = crowd.reserved.keys().cloned().collect();
     let pb = bar(args.quiet, 0, "{spinner} {msg}");
@@ -324,6 +342,27 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     println!("report.json: {}", abs(&json_path).display());
     println!("report.html: {}", abs(&html_path).display());
     Ok(rep.passed)
+}
+
+/// The `--answers-tsv` lines, in send order.
+fn write_answers(
+    f: std::fs::File,
+    answers: &[(Duration, Duration, stats::Kind)],
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut sorted: Vec<_> = answers.iter().collect();
+    sorted.sort_by_key(|(sent, _, _)| *sent);
+    let mut w = std::io::BufWriter::new(f);
+    for (sent, latency, kind) in sorted {
+        writeln!(
+            w,
+            "{:.3}\t{:.3}\t{}",
+            sent.as_secs_f64() * 1e3,
+            latency.as_secs_f64() * 1e3,
+            kind.name()
+        )?;
+    }
+    w.flush()
 }
 
 fn abs(p: &std::path::Path) -> PathBuf {
