@@ -45,7 +45,7 @@ pub struct Plan {
     pub abuse_requests: u32,
     pub items: Vec<u64>,
     pub seed: u64,
-    /// Keep every answer's send time, latency and kind ([`CrowdResult::answers`]).
+    /// Keep every answer's send time, latency and kind (`Stats::each_answer`).
     pub keep_answers: bool,
 }
 
@@ -77,9 +77,6 @@ pub struct CrowdResult {
     pub buyers_without_login: u64,
     /// What the `errors` answers were, counted.
     pub error_samples: BTreeMap<String, u64>,
-    /// With [`Plan::keep_answers`]: every answer of the buy path as (sent, latency,
-    /// kind), sent measured from the opening, in the order they came back.
-    pub answers: Vec<(Duration, Duration, Kind)>,
 }
 
 #[derive(Default)]
@@ -89,8 +86,6 @@ struct Shared {
     counts: [AtomicU64; Kind::ALL.len()],
     /// What the `errors` answers were: "status code" or the transport error, counted.
     errors: Mutex<BTreeMap<String, u64>>,
-    /// Every answer, when the plan keeps them.
-    answers: Option<Mutex<Vec<(Duration, Duration, Kind)>>>,
 }
 
 #[derive(Default)]
@@ -104,11 +99,6 @@ impl Shared {
     fn record(&self, a: &Answer, start: Instant) -> Kind {
         let kind = a.kind();
         let at = start.elapsed().saturating_sub(a.latency);
-        if let Some(all) = &self.answers {
-            all.lock()
-                .expect("answers lock")
-                .push((at, a.latency, kind));
-        }
         self.stats
             .lock()
             .expect("stats lock")
@@ -450,10 +440,13 @@ pub async fn run(
 ) -> CrowdResult {
     let plan = Arc::new(plan);
     let act = Arc::new(act);
+    let stats = if plan.keep_answers {
+        Stats::keeping_answers()
+    } else {
+        Stats::new()
+    };
     let sh = Arc::new(Shared {
-        answers: plan
-            .keep_answers
-            .then(|| Mutex::new(Vec::with_capacity(4 * users.len()))),
+        stats: Mutex::new(stats),
         ..Shared::default()
     });
     let mut rng = StdRng::seed_from_u64(plan.seed);
@@ -539,11 +532,6 @@ pub async fn run(
     let holdings = std::mem::take(&mut *sh.holdings.lock().expect("holdings lock"));
     let stats = std::mem::take(&mut *sh.stats.lock().expect("stats lock"));
     let error_samples = std::mem::take(&mut *sh.errors.lock().expect("errors lock"));
-    let answers = sh
-        .answers
-        .as_ref()
-        .map(|a| std::mem::take(&mut *a.lock().expect("answers lock")))
-        .unwrap_or_default();
     let client_duplicates = holdings
         .by_pair
         .into_iter()
@@ -553,7 +541,6 @@ pub async fn run(
     CrowdResult {
         stats,
         error_samples,
-        answers,
         reserved: holdings.reserved,
         client_duplicates,
         idempotency_violations: holdings.idempotency_violations,

@@ -264,7 +264,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     crowd.login_requests = login_requests;
     crowd.login_failures = login_failures;
     if let (Some(f), Some(p)) = (answers_file, &args.answers_tsv) {
-        write_answers(f, &crowd.answers)
+        write_answers(f, crowd.stats.each_answer())
             .with_context(|| format!("--answers-tsv {}: cannot write", p.display()))?;
     }
 

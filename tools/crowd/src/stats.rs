@@ -134,6 +134,8 @@ pub struct Stats {
     per_kind: BTreeMap<Kind, Histogram<u64>>,
     all: Histogram<u64>,
     seconds: Vec<BTreeMap<Kind, u64>>,
+    /// Every answer as (`at`, latency, kind), when kept ([`Stats::keeping_answers`]).
+    each: Option<Vec<(Duration, Duration, Kind)>>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -153,7 +155,23 @@ impl Stats {
             per_kind: BTreeMap::new(),
             all: histogram(),
             seconds: Vec::new(),
+            each: None,
         }
+    }
+
+    /// As [`Stats::new`], also keeping every answer ([`Stats::each_answer`]).
+    pub fn keeping_answers() -> Self {
+        Self {
+            each: Some(Vec::new()),
+            ..Self::new()
+        }
+    }
+
+    /// Every answer recorded as (`at`, latency, kind), in the order recorded (the crowd
+    /// records `at` as the request's send time from the opening); empty
+    /// unless made by [`Stats::keeping_answers`].
+    pub fn each_answer(&self) -> &[(Duration, Duration, Kind)] {
+        self.each.as_deref().unwrap_or_default()
     }
 
     /// One answer of `kind` that took `latency` and arrived `at` after the run began.
@@ -169,6 +187,9 @@ impl Stats {
             self.seconds.resize_with(second + 1, BTreeMap::new);
         }
         *self.seconds[second].entry(kind).or_insert(0) += 1;
+        if let Some(each) = &mut self.each {
+            each.push((at, latency, kind));
+        }
     }
 
     /// Requests recorded (every kind).
@@ -336,6 +357,24 @@ mod tests {
         assert_eq!(s.latency()["all"].max_ms, 0.0);
         assert!(s.throughput().is_empty());
         assert_eq!(s.latency_buckets().iter().map(|b| b.1).sum::<u64>(), 0);
+    }
+
+    #[test]
+    fn every_answer_is_kept_only_when_asked() {
+        let mut plain = Stats::new();
+        plain.record(Kind::Reserved, ms_(3), ms_(10));
+        assert!(plain.each_answer().is_empty());
+        let mut kept = Stats::keeping_answers();
+        kept.record(Kind::Reserved, ms_(3), ms_(10));
+        kept.record(Kind::SoldOut, ms_(1), ms_(2));
+        assert_eq!(
+            kept.each_answer(),
+            [
+                (ms_(10), ms_(3), Kind::Reserved),
+                (ms_(2), ms_(1), Kind::SoldOut)
+            ]
+        );
+        assert_eq!(kept.requests(), 2, "the histograms count them as before");
     }
 
     #[test]
