@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use seckill_proto::pb;
 
+use crate::mover::Mover;
 use crate::shard::{Gap, HighWater, ShardQueue, ShardState};
 
 /// One item of a published activity.
@@ -19,6 +20,15 @@ pub struct ItemEntry {
     pub total: u32,
     /// SOLD_OUT answers given by this process while another shard still held units.
     pub false_sold_out: AtomicU64,
+    /// Per home shard: the rebalancing moves to it, one round at a time.
+    movers: Vec<Mover>,
+}
+
+impl ItemEntry {
+    /// The moves to home shard `shard` (`None` past the activity's shard count).
+    pub fn mover(&self, shard: u32) -> Option<&Mover> {
+        self.movers.get(shard as usize)
+    }
 }
 
 /// One published activity.
@@ -48,6 +58,9 @@ impl ActivityEntry {
                         id: i.id,
                         total: i.stock,
                         false_sold_out: AtomicU64::new(0),
+                        movers: (0..activity_shards(&activity))
+                            .map(|_| Mover::default())
+                            .collect(),
                     },
                 )
             })

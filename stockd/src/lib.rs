@@ -8,7 +8,8 @@
 //! - [`redis`]: the fred cluster pool, scripts by SHA, deadlines.
 //! - [`db`]: MySQL (activities, items, active orders).
 //! - [`catalog`]: published activities in memory (window checks without Redis).
-//! - [`shard`]: per-shard state: the high-water mark and the group-commit queue.
+//! - [`shard`]: per-shard state: the high-water mark and the group-commit queue;
+//!   [`mover`]: one rebalancing move at a time per item and home shard.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
 //!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, lost-reservation
 //!   accounting, start-up check), [`fence`] (the periodic fence check, flat in the
@@ -30,6 +31,7 @@ pub mod error;
 pub mod fence;
 pub mod lease;
 pub mod metrics;
+pub mod mover;
 pub mod recompute;
 pub mod redis;
 pub mod service;

@@ -120,8 +120,11 @@ pub struct Metrics {
     /// `stockd_rebuild_lease_waits_total`: rebuilds that found another stockd holding
     /// the activity's lease and waited for it.
     pub rebuild_lease_waits: IntCounter,
-    /// `stockd_rebalance_moves_total`: units moved between shards.
+    /// `stockd_rebalance_units_total`: units moved between shards.
     pub rebalance_units: IntCounter,
+    /// `stockd_rebalance_rounds_total`: rebalancing rounds run (one per item and empty
+    /// home shard at a time, for every reservation waiting on it; `crate::mover`).
+    pub rebalance_rounds: IntCounter,
     reservations_by: Children<IntCounter>,
     lua_seconds_by: Children<Histogram>,
 }
@@ -245,6 +248,12 @@ impl Metrics {
             "Units moved from a donor shard to an empty home shard",
         )
         .expect("valid metric");
+        let rebalance_rounds = IntCounter::new(
+            "stockd_rebalance_rounds_total",
+            "Rebalancing rounds run: one per item and empty home shard at a time, for every \
+             reservation waiting on it",
+        )
+        .expect("valid metric");
         for m in [
             Box::new(reservations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(releases.clone()),
@@ -258,6 +267,7 @@ impl Metrics {
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
+            Box::new(rebalance_rounds.clone()),
             Box::new(lost_unconfirmed.clone()),
             Box::new(replica_ack_seconds.clone()),
             Box::new(replica_acks_total.clone()),
@@ -287,6 +297,7 @@ impl Metrics {
             lost_writes,
             lost_reservations,
             rebalance_units,
+            rebalance_rounds,
             lost_unconfirmed,
             replica_ack_seconds,
             replica_acks_total,

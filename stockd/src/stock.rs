@@ -31,6 +31,7 @@ use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
+use crate::mover::{Outcome, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
@@ -316,7 +317,42 @@ impl App {
             return Ok(Empty::SoldOut);
         }
         let missing = (i64::from(units) - have.max(0)).max(1);
-        match self.rebalance(entry, item, home, missing).await? {
+        // One move at a time per item and home, sized for every caller waiting for it
+        // (`crate::mover`): the callers a round carried take its outcome.
+        let mover = entry
+            .items
+            .get(&item)
+            .and_then(|i| i.mover(home))
+            .ok_or_else(|| Error::Internal(format!("no mover for item {item} shard {home}")))?;
+        let (want, round) = match mover.turn(missing).await {
+            Turn::Done(Outcome::SoldOut) => return Ok(Empty::SoldOut),
+            Turn::Done(Outcome::Retry) => return Ok(Empty::Retry { moved: true }),
+            Turn::Done(Outcome::Failed) => return Ok(Empty::Retry { moved: false }),
+            Turn::Run { want, round } => (want, round),
+        };
+        self.metrics.rebalance_rounds.inc();
+        // An error drops the round unfinished: the callers it carried read it as failed.
+        let empty = self.move_round(entry, item, home, units, want).await?;
+        round.finish(match empty {
+            Empty::SoldOut => Outcome::SoldOut,
+            Empty::Retry { .. } | Empty::NotEnough(_) => Outcome::Retry,
+        });
+        Ok(empty)
+    }
+
+    /// One round of [`Self::home_empty`]: moves `want` units home, or, when fewer
+    /// moved, looks at every shard again and answers retry, not enough (for `units`)
+    /// or sold out (and marks it).
+    async fn move_round(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        item: u64,
+        home: u32,
+        units: u32,
+        want: i64,
+    ) -> Result<Empty> {
+        let (activity, shards) = (entry.id(), entry.shards());
+        match self.rebalance(entry, item, home, want).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
             Moved::Nothing | Moved::Some => {
                 // Units may be in transit between a take and a give of another call:

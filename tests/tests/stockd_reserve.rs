@@ -225,6 +225,68 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
 }
 
 #[tokio::test]
+async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_once() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(80, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    // The end of a sale: home shard 0 empty, 6 units on each of the seven others.
+    for i in 0..8 {
+        let units = if i == 0 { 0 } else { 6 };
+        let _: () = redis
+            .set(keys::stock(a, i, s), units, None, None, false)
+            .await
+            .unwrap();
+    }
+    let takes = || {
+        h.metrics
+            .lua_seconds
+            .with_label_values(&["take"])
+            .get_sample_count()
+    };
+    let (takes_before, rounds_before) = (takes(), h.metrics.rebalance_rounds.get());
+    // 50 buyers of shard 0 at once, for the 42 units: every one of them finds its home
+    // empty at least once.
+    let c = h.stock_client().await;
+    let buyers: Vec<String> = (0..50)
+        .map(|i| user_on_shard(&format!("herd{i}"), 0, 8))
+        .collect();
+    let calls = buyers.iter().map(|user| {
+        let (mut c, user) = (c.clone(), user.clone());
+        tokio::spawn(async move {
+            let r = reserve(&mut c, a, s, &user, &format!("{user}-r")).await;
+            (user, r.map(|r| r.outcome()))
+        })
+    });
+    let mut reserved = HashSet::new();
+    let mut sold_out = 0;
+    for call in futures::future::join_all(calls).await {
+        let (user, outcome) = call.unwrap();
+        match outcome.unwrap() {
+            ReserveOutcome::Reserved => assert!(reserved.insert(user)),
+            ReserveOutcome::SoldOut => sold_out += 1,
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    // Every unit sold, once, to distinct buyers; nothing left, nothing below zero.
+    assert_eq!(reserved.len(), 42, "sold out answers: {sold_out}");
+    assert_eq!(sold_out, 8);
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert_eq!(shards, vec![0; 8]);
+    assert_eq!(stream_len(&redis, a, 8).await, 42);
+    // The moves were shared: without the mover each of the 50 ran its own (and most
+    // of their takes found the donor emptied by another's).
+    let rounds = h.metrics.rebalance_rounds.get() - rounds_before;
+    let took = takes() - takes_before;
+    eprintln!("50 buyers on one empty home: {rounds} rounds, {took} takes");
+    assert!(rounds <= 12, "{rounds} rebalancing rounds for 50 buyers");
+    assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
+}
+
+#[tokio::test]
 async fn a_retry_with_the_same_request_id_returns_the_same_reservation() {
     init_tracing();
     let cluster = RedisCluster::start();
