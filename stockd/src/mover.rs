@@ -174,6 +174,19 @@ mod tests {
         assert_eq!(moved.load(Ordering::SeqCst), 20);
     }
 
+    /// A caller that comes `after` and must be carried by a round (not run one): its
+    /// answer.
+    fn carried_after(m: &Arc<Mover>, after: Duration) -> tokio::task::JoinHandle<Outcome> {
+        let m = m.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            match m.turn(1).await {
+                Turn::Done(o) => o,
+                Turn::Run { .. } => panic!("a round waiting to run carries this caller"),
+            }
+        })
+    }
+
     #[tokio::test]
     async fn the_carried_callers_read_the_round_outcome_and_a_dropped_round_is_failed() {
         let m = Arc::new(Mover::default());
@@ -189,16 +202,7 @@ mod tests {
                 round.finish(Outcome::SoldOut);
             })
         };
-        let carried = {
-            let m = m.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                match m.turn(1).await {
-                    Turn::Done(o) => o,
-                    Turn::Run { .. } => panic!("carried by the second caller's round"),
-                }
-            })
-        };
+        let carried = carried_after(&m, Duration::from_millis(10));
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(round); // the first round's caller went away
         waiter.await.unwrap();
@@ -218,16 +222,7 @@ mod tests {
                 drop(round);
             })
         };
-        let carried = {
-            let m = m.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                match m.turn(1).await {
-                    Turn::Done(o) => o,
-                    Turn::Run { .. } => panic!("carried by the runner's round"),
-                }
-            })
-        };
+        let carried = carried_after(&m, Duration::from_millis(10));
         tokio::time::sleep(Duration::from_millis(30)).await;
         round.finish(Outcome::Retry);
         runner.await.unwrap();

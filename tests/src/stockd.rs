@@ -434,6 +434,29 @@ pub async fn shard_stock(
     out
 }
 
+/// Sets every shard's stock of `item` straight in Redis, shard `i` to `units[i]` (the
+/// state a test starts from, e.g. the end of a sale).
+pub async fn set_shard_stock(
+    redis: &fred::clients::Client,
+    activity: u64,
+    item: u64,
+    units: &[i64],
+) {
+    use fred::interfaces::KeysInterface;
+    for (i, n) in (0u32..).zip(units) {
+        let _: () = redis
+            .set(
+                seckill_lua::keys::stock(activity, i, item),
+                *n,
+                None,
+                None,
+                false,
+            )
+            .await
+            .expect("SET stock");
+    }
+}
+
 /// Entries in an activity's shard streams (reservations not yet taken by orderd), all
 /// `shards` together, read straight from Redis.
 pub async fn stream_len(redis: &fred::clients::Client, activity: u64, shards: u32) -> i64 {

@@ -17,11 +17,20 @@ use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, shard_stock, spawn_stockd, stream_len, StockClient,
+    create_published_activity, set_shard_stock, shard_stock, spawn_stockd, stream_len, StockClient,
+    StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// Rebalancing takes (`TAKE` Lua calls) this stockd has made.
+fn takes(h: &StockdHandle) -> u64 {
+    h.metrics
+        .lua_seconds
+        .with_label_values(&["take"])
+        .get_sample_count()
+}
 
 async fn reserve(
     c: &mut StockClient,
@@ -182,26 +191,14 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     // The end of a sale: every shard empty but the last one, which holds 3 units.
-    for i in 0..8 {
-        let units = if i == 7 { 3 } else { 0 };
-        let _: () = redis
-            .set(keys::stock(a, i, s), units, None, None, false)
-            .await
-            .unwrap();
-    }
-    let takes = || {
-        h.metrics
-            .lua_seconds
-            .with_label_values(&["take"])
-            .get_sample_count()
-    };
+    set_shard_stock(&redis, a, s, &[0, 0, 0, 0, 0, 0, 0, 3]).await;
     let mut c = h.stock_client().await;
     // One buyer per empty home shard, one after the other: each move is one take, on
     // shard 7, never a walk over the six empty donors.
     let mut sold = 0;
     for home in 0..3u32 {
         let user = user_on_shard(&format!("late-{home}"), home, 8);
-        let before = takes();
+        let before = takes(&h);
         let r = reserve(&mut c, a, s, &user, &format!("{user}-r"))
             .await
             .unwrap();
@@ -210,18 +207,18 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
             ReserveOutcome::Reserved,
             "{user} on shard {home}"
         );
-        assert_eq!(takes() - before, 1, "takes for {user} on shard {home}");
+        assert_eq!(takes(&h) - before, 1, "takes for {user} on shard {home}");
         sold += 1;
     }
     let shards = shard_stock(&redis, a, s, 8).await;
     assert_eq!(shards.iter().sum::<i64>(), 3 - sold, "{shards:?}");
     assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
     // Nothing left anywhere: a fourth buyer is told sold out without a single take.
-    let before = takes();
+    let before = takes(&h);
     let user = user_on_shard("later", 4, 8);
     let r = reserve(&mut c, a, s, &user, "later-r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
-    assert_eq!(takes() - before, 0);
+    assert_eq!(takes(&h) - before, 0);
 }
 
 #[tokio::test]
@@ -234,20 +231,8 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     // The end of a sale: home shard 0 empty, 6 units on each of the seven others.
-    for i in 0..8 {
-        let units = if i == 0 { 0 } else { 6 };
-        let _: () = redis
-            .set(keys::stock(a, i, s), units, None, None, false)
-            .await
-            .unwrap();
-    }
-    let takes = || {
-        h.metrics
-            .lua_seconds
-            .with_label_values(&["take"])
-            .get_sample_count()
-    };
-    let (takes_before, rounds_before) = (takes(), h.metrics.rebalance_rounds.get());
+    set_shard_stock(&redis, a, s, &[0, 6, 6, 6, 6, 6, 6, 6]).await;
+    let (takes_before, rounds_before) = (takes(&h), h.metrics.rebalance_rounds.get());
     // 50 buyers of shard 0 at once, for the 42 units: every one of them finds its home
     // empty at least once.
     let c = h.stock_client().await;
@@ -280,7 +265,7 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     // The moves were shared: without the mover each of the 50 ran its own (and most
     // of their takes found the donor emptied by another's).
     let rounds = h.metrics.rebalance_rounds.get() - rounds_before;
-    let took = takes() - takes_before;
+    let took = takes(&h) - takes_before;
     eprintln!("50 buyers on one empty home: {rounds} rounds, {took} takes");
     assert!(rounds <= 12, "{rounds} rebalancing rounds for 50 buyers");
     assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
