@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use seckill_proto::pb;
 
@@ -20,15 +20,6 @@ pub struct ItemEntry {
     pub total: u32,
     /// SOLD_OUT answers given by this process while another shard still held units.
     pub false_sold_out: AtomicU64,
-    /// Per home shard: the rebalancing moves to it, one round at a time.
-    movers: Vec<Mover>,
-}
-
-impl ItemEntry {
-    /// The moves to home shard `shard` (`None` past the activity's shard count).
-    pub fn mover(&self, shard: u32) -> Option<&Mover> {
-        self.movers.get(shard as usize)
-    }
 }
 
 /// One published activity.
@@ -44,6 +35,10 @@ pub struct ActivityEntry {
     pub rotation: AtomicU32,
     /// Per shard: the high-water mark and the reservation queue.
     shard_state: Vec<ShardState>,
+    /// Per (item, home shard) that has emptied: the rebalancing rounds to it. Made on
+    /// first need, so a catalog of many live activities holds none for the shards
+    /// that never run dry.
+    movers: Mutex<HashMap<(u64, u32), Arc<Mover>>>,
 }
 
 impl ActivityEntry {
@@ -58,9 +53,6 @@ impl ActivityEntry {
                         id: i.id,
                         total: i.stock,
                         false_sold_out: AtomicU64::new(0),
-                        movers: (0..activity_shards(&activity))
-                            .map(|_| Mover::default())
-                            .collect(),
                     },
                 )
             })
@@ -73,6 +65,7 @@ impl ActivityEntry {
             shard_state: (0..activity_shards(&activity))
                 .map(|_| ShardState::default())
                 .collect(),
+            movers: Mutex::default(),
             activity,
         }
     }
@@ -86,6 +79,11 @@ impl ActivityEntry {
     /// Shard `shard`'s state, `None` past the activity's shard count.
     fn shard(&self, shard: u32) -> Option<&ShardState> {
         self.shard_state.get(shard as usize)
+    }
+    /// The rebalancing rounds of `item` to home shard `home`.
+    pub fn mover(&self, item: u64, home: u32) -> Arc<Mover> {
+        let mut movers = self.movers.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(movers.entry((item, home)).or_default())
     }
     /// Shard `shard`'s reservation queue.
     pub fn queue(&self, shard: u32) -> Option<&ShardQueue> {

@@ -319,11 +319,7 @@ impl App {
         let missing = (i64::from(units) - have.max(0)).max(1);
         // One move at a time per item and home, sized for every caller waiting for it
         // (`crate::mover`): the callers a round carried take its outcome.
-        let mover = entry
-            .items
-            .get(&item)
-            .and_then(|i| i.mover(home))
-            .ok_or_else(|| Error::Internal(format!("no mover for item {item} shard {home}")))?;
+        let mover = entry.mover(item, home);
         let (want, round) = match mover.turn(missing).await {
             Turn::Done(Outcome::SoldOut) => return Ok(Empty::SoldOut),
             Turn::Done(Outcome::Retry) => return Ok(Empty::Retry { moved: true }),
