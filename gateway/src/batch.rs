@@ -1,31 +1,43 @@
 //! Reservations to one stockd endpoint, batched: the client side of
-//! `StockService.ReserveBatch`.
+//! `StockService.ReserveStream` (and of `ReserveBatch`, its predecessor).
 //!
 //! Why: a unary `Reserve` per reservation cost the edge and stockd more CPU in HTTP/2
 //! and tonic (a stream opened and closed, HPACK, a hand-off to the channel's worker
 //! task and back, per call) than the reservation itself cost anywhere. Here each
 //! endpoint has one task per gateway runtime that owns its calls: a reservation is
-//! queued to it, and the task sends what has queued as one call.
+//! queued to it, and the task sends what has queued together.
 //!
-//! How it batches: at most `upstreams.reserve_batch_inflight` calls are out per
-//! endpoint; the reservations that arrive while they are out queue and leave
-//! together (up to `upstreams.reserve_batch_max`) when one comes back. A lone
-//! reservation on a quiet edge goes at once, alone: nothing waits on a timer, so
-//! batching adds no latency when the sale is quiet, and under a stampede the batch
-//! grows with the load (the same group commit stockd does per shard toward Redis).
+//! On a stream (`upstreams.reserve_stream`, the default): one long-lived
+//! `ReserveStream`, opened at the first reservation after the last one ended. What
+//! queued while the task was busy goes out as one message (up to
+//! `upstreams.reserve_batch_max` entries), each entry tagged; each caller is answered
+//! when stockd answers its tag, i.e. when its own shard's Redis call is done. A message
+//! is one DATA frame each way: no HEADERS, HPACK or trailers per batch, and no batch
+//! waiting for its slowest entry.
+//!
+//! In `ReserveBatch` calls (the stream off, or a stockd that does not serve it): at
+//! most `upstreams.reserve_batch_inflight` calls are out per endpoint; the reservations
+//! that arrive while they are out queue and leave together when one comes back.
+//!
+//! Either way a lone reservation on a quiet edge goes at once, alone: nothing waits on
+//! a timer, so batching adds no latency when the sale is quiet, and under a stampede
+//! the batch grows with the load (the same group commit stockd does per shard toward
+//! Redis).
 //!
 //! Semantics are the unary call's, entry by entry: stockd decides each entry as a
 //! `Reserve` of its own and answers each with its own status, so one entry's
-//! `UNAVAILABLE` fails over alone (`upstream::Fleet::call`), and a failed call fails
-//! every entry it carried with its status (a transport error fails over; a retry on
-//! another stockd with the same request id answers the same reservation). A caller
-//! that went away before its entry was sent (deadline, client gone) is not sent; one
-//! that goes away after is answered by stockd as a unary call would have been, and
-//! its retry with the same request id gets the reservation back.
+//! `UNAVAILABLE` fails over alone (`upstream::Fleet::call`), and a failed call, or a
+//! stream that breaks or ends, fails every entry it has not answered with
+//! `UNAVAILABLE` (a retry on another stockd with the same request id answers the same
+//! reservation). A caller that went away before its entry was sent (deadline, client
+//! gone) is not sent; one that goes away after is answered by stockd as a unary call
+//! would have been, and its retry with the same request id gets the reservation back.
 //!
-//! A stockd that does not know `ReserveBatch` (UNIMPLEMENTED: an older one in a rolling
-//! upgrade) is called unary from then on, by this runtime's queue for that endpoint.
+//! A stockd that does not know `ReserveStream` (UNIMPLEMENTED: an older one in a rolling
+//! upgrade) gets `ReserveBatch` calls from then on, and one that does not know
+//! `ReserveBatch` either is called unary, by this runtime's queue for that endpoint.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,12 +75,14 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Must run inside a tokio runtime (the batching task is spawned on it).
-    pub fn new(client: Stock, max: usize, inflight: usize) -> Self {
+    /// Must run inside a tokio runtime (the batching task is spawned on it). `stream`:
+    /// on a `ReserveStream` (else `ReserveBatch` calls, `inflight` at a time).
+    pub fn new(client: Stock, max: usize, inflight: usize, stream: bool) -> Self {
         let unary = Arc::new(AtomicBool::new(false));
         let queue = (max > 1).then(|| {
             let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(run(client.clone(), rx, max.min(MAX_BATCH), inflight.max(1)));
+            let (max, inflight) = (max.min(MAX_BATCH), inflight.max(1));
+            tokio::spawn(run(client.clone(), rx, max, inflight, stream));
             tx
         });
         Self {
@@ -138,32 +152,178 @@ async fn unary(mut client: Stock, entry: pb::ReserveBatchEntry, left: Duration) 
     client.reserve(r).await.map(tonic::Response::into_inner)
 }
 
-/// The batching task of one endpoint: takes a call slot, then everything queued (up
-/// to `max`), and sends it.
-async fn run(client: Stock, mut rx: mpsc::UnboundedReceiver<Job>, max: usize, inflight: usize) {
+/// The task of one endpoint: its reservations on a `ReserveStream` while stockd
+/// serves it, else (`stream` off, or an older stockd) in `ReserveBatch` calls.
+async fn run(
+    client: Stock,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    max: usize,
+    inflight: usize,
+    stream: bool,
+) {
+    let carried = if stream {
+        match streams(&client, &mut rx, max).await {
+            Ended::Closed => return,
+            Ended::Unimplemented(jobs) => {
+                tracing::warn!(
+                    "stockd does not serve ReserveStream (an older version?): calling ReserveBatch"
+                );
+                jobs
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    batches(client, rx, max, inflight, carried).await
+}
+
+/// Takes `first` and what else has queued (up to `max` in all), after letting the tasks
+/// already runnable go first: requests that one read of the sockets made ready queue
+/// behind this task and join these (no timer: the yield costs one reschedule). Those
+/// whose caller stopped waiting are left out: nothing was promised, nothing is sent.
+async fn gather(first: Job, rx: &mut mpsc::UnboundedReceiver<Job>, max: usize) -> Vec<Job> {
+    tokio::task::yield_now().await;
+    let mut jobs = Vec::with_capacity(max.min(64));
+    jobs.push(first);
+    while jobs.len() < max {
+        match rx.try_recv() {
+            Ok(j) => jobs.push(j),
+            Err(_) => break,
+        }
+    }
+    jobs.retain(|j| !j.answer.is_closed());
+    jobs
+}
+
+/// How a run of streams ended.
+enum Ended {
+    /// The queue closed (the runtime is going away).
+    Closed,
+    /// stockd does not know `ReserveStream`: these jobs, not sent, go another way.
+    Unimplemented(Vec<Job>),
+}
+
+/// One `ReserveStream` after another, each opened at the first reservation after the
+/// last one ended (none on an idle edge). Entries go out as they queue, tagged; each
+/// caller is answered when its tag comes back. When a stream ends or breaks, the
+/// entries it did not answer get UNAVAILABLE and fail over (stockd answers every entry
+/// it read before it ends a stream, so those were not read, or their answers were lost
+/// with the connection: the same request id on another stockd answers the same
+/// reservation either way).
+async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usize) -> Ended {
+    let mut tag = 0u64;
+    loop {
+        let Some(first) = rx.recv().await else {
+            return Ended::Closed;
+        };
+        let jobs = gather(first, rx, max).await;
+        if jobs.is_empty() {
+            continue;
+        }
+        let mut waiting = HashMap::with_capacity(jobs.len());
+        let first = message(jobs, &mut tag, &mut waiting);
+        // Kept until stockd answers the call: an older stockd's UNIMPLEMENTED gives
+        // these entries back to the batch path.
+        let sent = first.clone();
+        let (out, body) = mpsc::unbounded_channel();
+        let _ = out.send(first);
+        let mut call = client.clone();
+        let answers = call
+            .reserve_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(body))
+            .await;
+        let mut answers = match answers {
+            Ok(a) => a.into_inner(),
+            Err(s) if s.code() == Code::Unimplemented => {
+                let jobs = sent
+                    .entries
+                    .into_iter()
+                    .filter_map(|e| {
+                        let mut job = waiting.remove(&e.tag)?;
+                        job.entry = e;
+                        Some(job)
+                    })
+                    .collect();
+                return Ended::Unimplemented(jobs);
+            }
+            Err(s) => {
+                fail(waiting, &s);
+                continue;
+            }
+        };
+        drop(sent);
+        let why = loop {
+            tokio::select! {
+                m = answers.message() => match m {
+                    Ok(Some(m)) => {
+                        for r in m.results {
+                            if let Some(job) = waiting.remove(&r.tag) {
+                                let _ = job.answer.send(result(r));
+                            }
+                        }
+                    }
+                    Ok(None) => break Status::unavailable("stockd ended the reservation stream"),
+                    Err(s) => break Status::unavailable(format!("reservation stream: {}", s.message())),
+                },
+                j = rx.recv() => {
+                    let Some(j) = j else { return Ended::Closed };
+                    let jobs = gather(j, rx, max).await;
+                    if !jobs.is_empty() {
+                        let m = message(jobs, &mut tag, &mut waiting);
+                        if out.send(m).is_err() {
+                            break Status::unavailable("the reservation stream closed");
+                        }
+                    }
+                }
+            }
+        };
+        fail(waiting, &why);
+    }
+}
+
+/// The message for `jobs`: each entry tagged, each job kept under its tag.
+fn message(jobs: Vec<Job>, tag: &mut u64, waiting: &mut HashMap<u64, Job>) -> pb::ReserveBatchRequest {
+    let mut entries = Vec::with_capacity(jobs.len());
+    for mut job in jobs {
+        *tag = tag.wrapping_add(1);
+        let mut e = std::mem::take(&mut job.entry);
+        e.tag = *tag;
+        entries.push(e);
+        waiting.insert(*tag, job);
+    }
+    pb::ReserveBatchRequest { entries }
+}
+
+/// Answers every job still waiting with `s`.
+fn fail(waiting: HashMap<u64, Job>, s: &Status) {
+    for (_, job) in waiting {
+        let _ = job.answer.send(Err(s.clone()));
+    }
+}
+
+/// `ReserveBatch` calls: takes a call slot, then everything queued (up to `max`), and
+/// sends it; `carried` (jobs an earlier path handed over) go first.
+async fn batches(
+    client: Stock,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    max: usize,
+    inflight: usize,
+    mut carried: Vec<Job>,
+) {
     let slots = Arc::new(Semaphore::new(inflight));
     loop {
         // A slot first: while every slot is out, arrivals queue in the channel.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else {
-            return;
+        let jobs = if carried.is_empty() {
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            gather(first, &mut rx, max).await
+        } else {
+            let n = carried.len().min(max);
+            carried.drain(..n).collect()
         };
-        // Let the tasks already runnable go first: requests that one read of the
-        // sockets made ready queue behind this task and join this call (no timer: the
-        // yield costs one reschedule).
-        tokio::task::yield_now().await;
-        let mut jobs = Vec::with_capacity(max.min(64));
-        jobs.push(first);
-        while jobs.len() < max {
-            match rx.try_recv() {
-                Ok(j) => jobs.push(j),
-                Err(_) => break,
-            }
-        }
-        // Nobody waits for these any more: nothing was promised, nothing is sent.
-        jobs.retain(|j| !j.answer.is_closed());
         if jobs.is_empty() {
             continue;
         }
@@ -230,19 +390,31 @@ fn result(r: pb::ReserveResult) -> Answer {
 mod tests {
     use super::*;
     use seckill_proto::auth::AttachToken;
+    use seckill_proto::pb::stock_service_client::StockServiceClient;
     use seckill_proto::pb::stock_service_server::{StockService, StockServiceServer};
+    use std::pin::Pin;
+    use std::sync::atomic::AtomicUsize;
     use std::sync::Mutex;
     use tonic::{Request, Response};
 
     /// A StockService speaking the real protocol whose answers name the user, so a
-    /// crossed answer shows: `ReserveBatch` (or UNIMPLEMENTED, as a stockd older than
-    /// it answers), a slow one, and a per-entry refusal for user `bad`.
+    /// crossed answer shows: `ReserveStream`, `ReserveBatch` (or UNIMPLEMENTED for
+    /// either, as an older stockd answers), a per-entry refusal for user `bad`, and a
+    /// user `slow` decided long after the others.
     #[derive(Default)]
     struct Echo {
-        /// Entries per `ReserveBatch` call, and unary calls.
+        /// Entries per `ReserveBatch` call, per `ReserveStream` message, and unary calls.
         batches: Mutex<Vec<usize>>,
+        streams: Mutex<Vec<usize>>,
         unary: Mutex<usize>,
+        /// Serves neither `ReserveBatch` nor `ReserveStream`.
         old: bool,
+        /// Serves `ReserveBatch` but not `ReserveStream`.
+        no_stream: bool,
+        /// Answers only the first entry of a stream, then ends the stream (OK).
+        end_after_one: bool,
+        /// Set when user `slow` has been decided.
+        slow_done: AtomicBool,
     }
 
     fn reserved(user: &str) -> pb::ReserveResponse {
@@ -250,6 +422,32 @@ mod tests {
             outcome: pb::ReserveOutcome::Reserved as i32,
             reservation_id: format!("rid-{user}"),
             ..Default::default()
+        }
+    }
+
+    impl Echo {
+        /// One entry decided: after 20 ms, `slow` after 500 ms.
+        async fn decide(&self, e: pb::ReserveBatchEntry) -> pb::ReserveResult {
+            let user = e.request.unwrap_or_default().user_id;
+            let ms = if user == "slow" { 500 } else { 20 };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            if user == "slow" {
+                self.slow_done.store(true, Ordering::SeqCst);
+            }
+            if user == "bad" {
+                return pb::ReserveResult {
+                    code: Code::InvalidArgument as i32,
+                    message: "user_id: bad".into(),
+                    response: None,
+                    tag: e.tag,
+                };
+            }
+            pb::ReserveResult {
+                code: 0,
+                message: String::new(),
+                response: Some(reserved(&user)),
+                tag: e.tag,
+            }
         }
     }
 
@@ -262,6 +460,10 @@ mod tests {
             &self.0
         }
     }
+
+    type Answers = Pin<
+        Box<dyn futures::Stream<Item = Result<pb::ReserveBatchResponse, Status>> + Send>,
+    >;
 
     #[tonic::async_trait]
     impl StockService for Svc {
@@ -281,27 +483,45 @@ mod tests {
             }
             let entries = r.into_inner().entries;
             self.batches.lock().unwrap().push(entries.len());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let results = entries
-                .into_iter()
-                .map(|e| {
-                    let user = e.request.unwrap_or_default().user_id;
-                    if user == "bad" {
-                        pb::ReserveResult {
-                            code: Code::InvalidArgument as i32,
-                            message: "user_id: bad".into(),
-                            response: None,
-                        }
-                    } else {
-                        pb::ReserveResult {
-                            code: 0,
-                            message: String::new(),
-                            response: Some(reserved(&user)),
-                        }
-                    }
-                })
-                .collect();
+            let results =
+                futures::future::join_all(entries.into_iter().map(|e| self.decide(e))).await;
             Ok(Response::new(pb::ReserveBatchResponse { results }))
+        }
+        type ReserveStreamStream = Answers;
+        async fn reserve_stream(
+            &self,
+            r: Request<tonic::Streaming<pb::ReserveBatchRequest>>,
+        ) -> Result<Response<Answers>, Status> {
+            if self.old || self.no_stream {
+                return Err(Status::unimplemented("unknown method"));
+            }
+            let mut inbound = r.into_inner();
+            let echo = Arc::clone(&self.0);
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while let Ok(Some(m)) = inbound.message().await {
+                    echo.streams.lock().unwrap().push(m.entries.len());
+                    for e in m.entries {
+                        let (echo, tx) = (Arc::clone(&echo), tx.clone());
+                        tokio::spawn(async move {
+                            let r = echo.decide(e).await;
+                            let _ = tx.send(Ok(pb::ReserveBatchResponse { results: vec![r] }));
+                        });
+                    }
+                    if echo.end_after_one {
+                        break;
+                    }
+                }
+            });
+            let mut answers = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+            if self.end_after_one {
+                // One answer, then the end of the stream.
+                return Ok(Response::new(Box::pin(futures::stream::once(async move {
+                    use futures::StreamExt;
+                    answers.next().await.unwrap()
+                }))));
+            }
+            Ok(Response::new(Box::pin(answers)))
         }
         async fn release(
             &self,
@@ -325,6 +545,10 @@ mod tests {
                 .add_service(StockServiceServer::new(Svc(echo)))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
+        client(addr)
+    }
+
+    fn client(addr: std::net::SocketAddr) -> Stock {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect_lazy();
@@ -344,30 +568,28 @@ mod tests {
                 quantity: 1,
             }),
             traceparent: String::new(),
+            tag: 0,
         }
     }
 
-    use seckill_proto::pb::stock_service_client::StockServiceClient;
-
-    /// `n` reservations at once through `b`: each caller's answer.
-    async fn crowd(b: &Batcher, users: Vec<String>) -> Vec<(String, Answer)> {
+    /// Every reservation at once through `b`: each caller's answer, and the order in
+    /// which the answers came (0 first).
+    async fn crowd(b: &Batcher, users: Vec<String>) -> Vec<(String, Answer, usize)> {
+        let order = AtomicUsize::new(0);
         let calls = users.into_iter().map(|u| {
-            let b = b.clone();
+            let (b, order) = (b.clone(), &order);
             async move {
                 let r = b.reserve(|| entry(&u), Duration::from_secs(5)).await;
-                (u, r.map(tonic::Response::into_inner))
+                let n = order.fetch_add(1, Ordering::SeqCst);
+                (u, r.map(tonic::Response::into_inner), n)
             }
         });
         futures::future::join_all(calls).await
     }
 
-    #[tokio::test]
-    async fn reservations_that_queue_behind_a_call_go_together_and_each_gets_its_own_answer() {
-        let echo = Arc::new(Echo::default());
-        let b = Batcher::new(serve(echo.clone()).await, 256, 1);
-        let mut users: Vec<String> = (0..200).map(|i| format!("u{i}")).collect();
-        users[17] = "bad".into();
-        for (user, answer) in crowd(&b, users).await {
+    /// Each answer is the caller's own: its user's reservation, or `bad`'s refusal.
+    fn each_their_own(answers: &[(String, Answer, usize)]) {
+        for (user, answer, _) in answers {
             match answer {
                 Ok(r) => assert_eq!(r.reservation_id, format!("rid-{user}")),
                 Err(s) => {
@@ -377,35 +599,125 @@ mod tests {
                 }
             }
         }
-        let batches = echo.batches.lock().unwrap().clone();
-        assert_eq!(batches.iter().sum::<usize>(), 200, "{batches:?}");
-        assert!(batches.len() < 200 / 4, "hardly batched: {batches:?}");
+    }
+
+    fn users(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("u{i}")).collect()
+    }
+
+    #[tokio::test]
+    async fn reservations_that_queue_go_together_and_each_gets_its_own_answer() {
+        for stream in [true, false] {
+            let echo = Arc::new(Echo::default());
+            let b = Batcher::new(serve(echo.clone()).await, 256, 1, stream);
+            let mut users = users(200);
+            users[17] = "bad".into();
+            each_their_own(&crowd(&b, users).await);
+            let (used, other) = if stream {
+                (&echo.streams, &echo.batches)
+            } else {
+                (&echo.batches, &echo.streams)
+            };
+            let sizes = used.lock().unwrap().clone();
+            assert_eq!(sizes.iter().sum::<usize>(), 200, "stream {stream}: {sizes:?}");
+            assert!(sizes.len() < 200 / 4, "stream {stream}: hardly batched: {sizes:?}");
+            assert!(other.lock().unwrap().is_empty(), "stream {stream}");
+            assert_eq!(*echo.unary.lock().unwrap(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lone_reservation_goes_at_once_and_max_bounds_a_message() {
+        for stream in [true, false] {
+            let echo = Arc::new(Echo::default());
+            let b = Batcher::new(serve(echo.clone()).await, 8, 1, stream);
+            let used = if stream { &echo.streams } else { &echo.batches };
+            let (_, r, _) = crowd(&b, vec!["solo".into()]).await.remove(0);
+            assert_eq!(r.unwrap().reservation_id, "rid-solo");
+            assert_eq!(*used.lock().unwrap(), [1]);
+            assert!(crowd(&b, users(50)).await.iter().all(|(_, r, _)| r.is_ok()));
+            let sizes = used.lock().unwrap().clone();
+            assert!(sizes.iter().all(|&n| n <= 8), "stream {stream}: {sizes:?}");
+            assert_eq!(sizes.iter().sum::<usize>(), 51);
+        }
+    }
+
+    #[tokio::test]
+    async fn on_a_stream_a_slow_reservation_holds_no_other_back() {
+        // With ReserveBatch every entry of a call waits for its slowest; on a stream
+        // each is answered when it is decided: all the others before `slow` is.
+        for stream in [true, false] {
+            let echo = Arc::new(Echo::default());
+            let b = Batcher::new(serve(echo.clone()).await, 256, 1, stream);
+            let mut users = users(40);
+            users[5] = "slow".into();
+            let calls = users.into_iter().map(|u| {
+                let (b, echo) = (b.clone(), Arc::clone(&echo));
+                async move {
+                    let r = b.reserve(|| entry(&u), Duration::from_secs(5)).await;
+                    (u, r.is_ok(), echo.slow_done.load(Ordering::SeqCst))
+                }
+            });
+            let answers = futures::future::join_all(calls).await;
+            let early = answers
+                .iter()
+                .filter(|(u, ok, slow_done)| *ok && u != "slow" && !slow_done)
+                .count();
+            assert!(answers.iter().all(|(_, ok, _)| *ok));
+            if stream {
+                assert_eq!(early, 39, "answered before `slow` was decided");
+            } else {
+                assert_eq!(early, 0, "a batch answers when its slowest entry is");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn entries_a_stream_ended_without_answering_fail_over_and_the_next_opens_a_new_one() {
+        let echo = Arc::new(Echo {
+            end_after_one: true,
+            ..Default::default()
+        });
+        let b = Batcher::new(serve(echo.clone()).await, 256, 1, true);
+        let answers = crowd(&b, users(10)).await;
+        let ok = answers.iter().filter(|(_, r, _)| r.is_ok()).count();
+        assert_eq!(ok, 1, "stockd answered one entry");
+        for (user, r, _) in &answers {
+            match r {
+                Ok(r) => assert_eq!(r.reservation_id, format!("rid-{user}")),
+                Err(s) => {
+                    assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                    assert!(crate::upstream::fails_over(s), "{s:?}");
+                }
+            }
+        }
+        // The next reservation opens a stream of its own.
+        let (_, r, _) = crowd(&b, vec!["later".into()]).await.remove(0);
+        assert_eq!(r.unwrap().reservation_id, "rid-later");
+        assert_eq!(echo.streams.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_stockd_without_streams_gets_batches_and_one_without_either_unary_calls() {
+        let echo = Arc::new(Echo {
+            no_stream: true,
+            ..Default::default()
+        });
+        let b = Batcher::new(serve(echo.clone()).await, 256, 2, true);
+        let mut some = users(20);
+        some[3] = "bad".into();
+        each_their_own(&crowd(&b, some.clone()).await);
+        each_their_own(&crowd(&b, some).await);
+        assert_eq!(echo.batches.lock().unwrap().iter().sum::<usize>(), 40);
+        assert!(echo.streams.lock().unwrap().is_empty());
         assert_eq!(*echo.unary.lock().unwrap(), 0);
-    }
 
-    #[tokio::test]
-    async fn a_lone_reservation_goes_at_once_and_max_bounds_a_batch() {
-        let echo = Arc::new(Echo::default());
-        let b = Batcher::new(serve(echo.clone()).await, 8, 1);
-        let (_, r) = crowd(&b, vec!["solo".into()]).await.remove(0);
-        assert_eq!(r.unwrap().reservation_id, "rid-solo");
-        assert_eq!(*echo.batches.lock().unwrap(), [1]);
-        let users = (0..50).map(|i| format!("u{i}")).collect();
-        assert!(crowd(&b, users).await.iter().all(|(_, r)| r.is_ok()));
-        let batches = echo.batches.lock().unwrap().clone();
-        assert!(batches.iter().all(|&n| n <= 8), "{batches:?}");
-        assert_eq!(batches.iter().sum::<usize>(), 51);
-    }
-
-    #[tokio::test]
-    async fn an_endpoint_without_reserve_batch_is_called_unary_from_then_on() {
         let echo = Arc::new(Echo {
             old: true,
             ..Default::default()
         });
-        let b = Batcher::new(serve(echo.clone()).await, 256, 2);
-        let users: Vec<String> = (0..20).map(|i| format!("u{i}")).collect();
-        for (user, r) in crowd(&b, users).await {
+        let b = Batcher::new(serve(echo.clone()).await, 256, 2, true);
+        for (user, r, _) in crowd(&b, users(20)).await {
             assert_eq!(r.unwrap().reservation_id, format!("rid-{user}"));
         }
         assert_eq!(*echo.unary.lock().unwrap(), 20);
@@ -415,30 +727,24 @@ mod tests {
     #[tokio::test]
     async fn batching_off_is_one_unary_call_each() {
         let echo = Arc::new(Echo::default());
-        let b = Batcher::new(serve(echo.clone()).await, 1, 2);
-        let users: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
-        assert!(crowd(&b, users).await.iter().all(|(_, r)| r.is_ok()));
+        let b = Batcher::new(serve(echo.clone()).await, 1, 2, true);
+        assert!(crowd(&b, users(10)).await.iter().all(|(_, r, _)| r.is_ok()));
         assert_eq!(*echo.unary.lock().unwrap(), 10);
         assert!(echo.batches.lock().unwrap().is_empty());
+        assert!(echo.streams.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
     async fn a_dead_endpoint_fails_every_entry_with_a_status_that_fails_over() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        drop(listener);
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_lazy();
-        let client = StockServiceClient::with_interceptor(
-            channel,
-            AttachToken::new("t0123456789abcdef").unwrap(),
-        );
-        let b = Batcher::new(client, 256, 2);
-        let users: Vec<String> = (0..10).map(|i| format!("u{i}")).collect();
-        for (_, r) in crowd(&b, users).await {
-            let s = r.expect_err("nobody listens");
-            assert!(crate::upstream::fails_over(&s), "{s:?}");
+        for stream in [true, false] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            drop(listener);
+            let b = Batcher::new(client(addr), 256, 2, stream);
+            for (_, r, _) in crowd(&b, users(10)).await {
+                let s = r.expect_err("nobody listens");
+                assert!(crate::upstream::fails_over(&s), "stream {stream}: {s:?}");
+            }
         }
     }
 }

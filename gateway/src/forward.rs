@@ -90,6 +90,7 @@ impl Clients {
                     client,
                     u.reserve_batch_max,
                     u.reserve_batch_inflight,
+                    u.reserve_stream,
                 ))
             })
             .collect::<anyhow::Result<_>>()?;
@@ -151,6 +152,7 @@ impl Clients {
                 quantity,
             }),
             traceparent: traceparent.unwrap_or_default().to_string(),
+            tag: 0,
         };
         let r = self
             .stock_fleet

@@ -108,7 +108,9 @@ pub fn method_scope(path: &str) -> Scope {
         return Scope::Admin;
     };
     match (service, method) {
-        ("StockService", "Reserve" | "ReserveBatch" | "Release") => Scope::Reserve,
+        ("StockService", "Reserve" | "ReserveBatch" | "ReserveStream" | "Release") => {
+            Scope::Reserve
+        }
         ("StockService", "GetStock") => Scope::Read,
         ("OrderService", "GetOrder" | "WatchOrder" | "ListOrders") => Scope::Read,
         ("OrderService", "Pay" | "Cancel" | "PaymentCallback") => Scope::Pay,
@@ -471,6 +473,7 @@ mod tests {
         let want = [
             ("/seckill.v1.StockService/Reserve", Scope::Reserve),
             ("/seckill.v1.StockService/ReserveBatch", Scope::Reserve),
+            ("/seckill.v1.StockService/ReserveStream", Scope::Reserve),
             ("/seckill.v1.StockService/Release", Scope::Reserve),
             ("/seckill.v1.StockService/GetStock", Scope::Read),
             ("/seckill.v1.OrderService/GetOrder", Scope::Read),

@@ -37,6 +37,7 @@ pub mod redis;
 pub mod service;
 pub mod shard;
 pub mod stock;
+pub mod stream;
 
 use std::time::Duration;
 

@@ -84,6 +84,9 @@ pub struct Metrics {
     /// `stockd_reserve_batch_rpc_seconds`: one `ReserveBatch` call of an edge, from its
     /// decoded request to its answer, i.e. its slowest entry (every entry waits for it).
     pub reserve_batch_rpc_seconds: Histogram,
+    /// `stockd_reserve_stream_entries`: reservations in one message of an edge's
+    /// `ReserveStream`.
+    pub reserve_stream_entries: Histogram,
     /// `stockd_redis_errors_total{kind}`: timeout, noscript, error.
     pub redis_errors: IntCounterVec,
     /// `stockd_recomputes_total{result}`: ok, error.
@@ -169,6 +172,16 @@ impl Metrics {
             "stockd_reserve_batch_rpc_seconds",
             "One ReserveBatch call, request decoded to answer (its slowest entry)",
         );
+        let reserve_stream_entries = Histogram::with_opts(
+            HistogramOpts::new(
+                "stockd_reserve_stream_entries",
+                "Reservations in one message of an edge's ReserveStream",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0,
+            ]),
+        )
+        .expect("valid metric");
         let redis_errors = IntCounterVec::new(
             Opts::new("stockd_redis_errors_total", "Redis errors by kind"),
             &["kind"],
@@ -261,6 +274,7 @@ impl Metrics {
             Box::new(reserve_seconds.clone()),
             Box::new(reserve_batch.clone()),
             Box::new(reserve_batch_rpc_seconds.clone()),
+            Box::new(reserve_stream_entries.clone()),
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
             Box::new(false_sold_out.clone()),
@@ -291,6 +305,7 @@ impl Metrics {
             reserve_seconds,
             reserve_batch,
             reserve_batch_rpc_seconds,
+            reserve_stream_entries,
             redis_errors,
             recomputes,
             false_sold_out,

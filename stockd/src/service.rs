@@ -67,35 +67,31 @@ impl StockService for StockSvc {
             .into());
         }
         let started = std::time::Instant::now();
-        let results = futures::future::join_all(entries.into_iter().map(|e| {
-            let app = &self.app;
-            async move {
-                let Some(r) = e.request else {
-                    return Err(Status::from(invalid("request", "must be set")));
-                };
-                reserve_one(app, r, trace_parent(&e.traceparent)).await
-            }
+        let results = futures::future::join_all(entries.into_iter().map(|mut e| {
+            // Results are in request order here: no tag.
+            e.tag = 0;
+            reserve_entry(&self.app, e)
         }))
-        .await
-        .into_iter()
-        .map(|r| match r {
-            Ok(response) => pb::ReserveResult {
-                code: 0,
-                message: String::new(),
-                response: Some(response),
-            },
-            Err(status) => pb::ReserveResult {
-                code: status.code() as i32,
-                message: status.message().to_string(),
-                response: None,
-            },
-        })
-        .collect();
+        .await;
         self.app
             .metrics
             .reserve_batch_rpc_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(Response::new(pb::ReserveBatchResponse { results }))
+    }
+
+    type ReserveStreamStream = crate::stream::Answers;
+
+    // The edge's path: entries as they come, each answered when its Redis call is done
+    // (`crate::stream`).
+    async fn reserve_stream(
+        &self,
+        req: Request<tonic::Streaming<pb::ReserveBatchRequest>>,
+    ) -> Result<Response<Self::ReserveStreamStream>, Status> {
+        Ok(Response::new(crate::stream::Answers::new(
+            Arc::clone(&self.app),
+            req.into_inner(),
+        )))
     }
 
     #[instrument(skip_all, fields(rid = %req.get_ref().reservation_id))]
@@ -140,6 +136,34 @@ pub const MAX_BATCH: usize = 1024;
 /// (tracing never fails a sale).
 fn trace_parent(tp: &str) -> Option<Arc<str>> {
     TraceParent::parse(tp).map(|t| Arc::<str>::from(t.as_str()))
+}
+
+/// One entry of a `ReserveBatch` or `ReserveStream` message, decided as a `Reserve` of
+/// its own and answered with the entry's tag.
+pub(crate) async fn reserve_entry(app: &Arc<App>, e: pb::ReserveBatchEntry) -> pb::ReserveResult {
+    let r = match e.request {
+        Some(r) => reserve_one(app, r, trace_parent(&e.traceparent)).await,
+        None => Err(Status::from(invalid("request", "must be set"))),
+    };
+    result(e.tag, r)
+}
+
+/// An entry's answer: its outcome, or the status a `Reserve` of its own would have had.
+pub(crate) fn result(tag: u64, r: Result<pb::ReserveResponse, Status>) -> pb::ReserveResult {
+    match r {
+        Ok(response) => pb::ReserveResult {
+            code: 0,
+            message: String::new(),
+            response: Some(response),
+            tag,
+        },
+        Err(status) => pb::ReserveResult {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+            response: None,
+            tag,
+        },
+    }
 }
 
 /// One reservation, as `Reserve` answers it: the request parsed at the door (each

@@ -81,6 +81,10 @@ fn a_bad_config_fails_gateway_t_with_one_line_naming_the_field() {
             "upstreams.reserve_batch_inflight",
         ),
         (
+            shipped.replace("reserve_stream = true", "reserve_stream = \"yes\""),
+            "upstreams.reserve_stream",
+        ),
+        (
             shipped.replace(
                 "secret = \"local-dev-challenge-key-0123456789\"",
                 "secret_file = \"/nonexistent/challenge.key\"",

@@ -31,6 +31,7 @@ fn entry(a: u64, s: u64, user: &str, req: &str, quantity: u32) -> pb::ReserveBat
             quantity,
         }),
         traceparent: String::new(),
+        tag: 0,
     }
 }
 

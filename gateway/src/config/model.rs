@@ -183,16 +183,23 @@ pub struct Upstreams {
     /// Deadline of a `Reserve` call, milliseconds; past it the client gets 503. Default 1000.
     #[serde(default = "d_reserve_deadline")]
     pub reserve_deadline_ms: u64,
-    /// Most reservations in one `StockService.ReserveBatch` call to one stockd
-    /// endpoint (1..=1024). The reservations that arrive while an endpoint has
-    /// `reserve_batch_inflight` calls out queue and go together in the next call; a
-    /// lone reservation goes at once, alone (no timer). 1 turns batching off: one unary
-    /// `Reserve` per reservation. Default 256.
+    /// Reservations to stockd on one long-lived `StockService.ReserveStream` per
+    /// gateway thread and stockd endpoint (true): what queued goes out as one message
+    /// as soon as the thread gets to it, and each reservation is answered when its own
+    /// Redis call is done. False: `ReserveBatch` calls, `reserve_batch_inflight` at a
+    /// time, each answered when its slowest entry is (the path before streams; also
+    /// taken by itself with a stockd that does not serve streams). Default true.
+    #[serde(default = "yes")]
+    pub reserve_stream: bool,
+    /// Most reservations in one message of the stream, or one `ReserveBatch` call, to
+    /// one stockd endpoint (1..=1024). A lone reservation goes at once, alone (no
+    /// timer). 1 turns batching off: one unary `Reserve` per reservation. Default 256.
     #[serde(default = "d_reserve_batch_max")]
     pub reserve_batch_max: usize,
-    /// Batch calls one gateway thread keeps in flight to one stockd endpoint (1..=64).
-    /// Fewer means larger batches (less CPU per reservation on both ends) and more
-    /// queueing; more means smaller batches. Default 2.
+    /// `ReserveBatch` calls one gateway thread keeps in flight to one stockd endpoint
+    /// (1..=64), when not on a stream: what arrives while they are out queues and goes
+    /// together in the next call. Fewer means larger batches (less CPU per reservation
+    /// on both ends) and more queueing; more means smaller batches. Default 2.
     #[serde(default = "d_reserve_batch_inflight")]
     pub reserve_batch_inflight: usize,
     /// Deadline of an orderd call, milliseconds. Default 2000.

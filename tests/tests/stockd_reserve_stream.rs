@@ -1,0 +1,238 @@
+#![cfg(feature = "stockd")]
+//! `StockService.ReserveStream` (the edge's path since streams) on a real 3-master Redis
+//! Cluster: three edges' streams, each sending a crowd's reservations in messages as
+//! they come, sell exactly the stock, once per user, and every entry is answered once
+//! under its own tag; a bad entry or an oversized message fails entry by entry and
+//! changes no stock; a stockd that shuts down answers every entry it read and ends the
+//! stream, so the daemon stops.
+
+use seckill_tests::Deps;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::stockd::{
+    create_published_activity, shard_stock, spawn_stockd, stream_len, StockClient,
+};
+use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Code;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn entry(a: u64, s: u64, user: &str, req: &str, tag: u64) -> pb::ReserveBatchEntry {
+    pb::ReserveBatchEntry {
+        request: Some(pb::ReserveRequest {
+            activity_id: a,
+            item_id: s,
+            user_id: user.into(),
+            request_id: req.into(),
+            quantity: 0,
+        }),
+        traceparent: String::new(),
+        tag,
+    }
+}
+
+/// An open stream: the sending side and the answers.
+struct Stream {
+    out: mpsc::UnboundedSender<pb::ReserveBatchRequest>,
+    answers: tonic::Streaming<pb::ReserveBatchResponse>,
+}
+
+async fn open(c: &StockClient) -> Stream {
+    let (out, body) = mpsc::unbounded_channel();
+    let answers = c
+        .clone()
+        .reserve_stream(UnboundedReceiverStream::new(body))
+        .await
+        .expect("the stream is accepted")
+        .into_inner();
+    Stream { out, answers }
+}
+
+impl Stream {
+    fn send(&self, entries: Vec<pb::ReserveBatchEntry>) {
+        self.out
+            .send(pb::ReserveBatchRequest { entries })
+            .expect("the stream is open");
+    }
+
+    /// Reads answers until `n` entries are answered: each tag's result (a tag answered
+    /// twice fails).
+    async fn answers(&mut self, n: usize) -> HashMap<u64, pb::ReserveResult> {
+        let mut got = HashMap::new();
+        while got.len() < n {
+            let m = tokio::time::timeout(Duration::from_secs(10), self.answers.message())
+                .await
+                .expect("answers within 10 s")
+                .expect("the stream holds")
+                .expect("the stream is not over");
+            for r in m.results {
+                let tag = r.tag;
+                assert!(got.insert(tag, r).is_none(), "tag {tag} answered twice");
+            }
+        }
+        got
+    }
+}
+
+fn outcome(r: &pb::ReserveResult) -> ReserveOutcome {
+    assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);
+    r.response
+        .as_ref()
+        .expect("a response with code 0")
+        .outcome()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_edges_streams_sell_exactly_the_stock_once_per_user_each_entry_answered_once() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    // 300 users, each clicking twice (two request ids) on two of three edges; each
+    // edge sends its 200 entries in messages of 1 to 40 as they come, all at once.
+    let mut per_edge = vec![Vec::new(); 3];
+    for u in 0..300 {
+        let user = format!("user-{u}");
+        per_edge[u % 3].push((user.clone(), format!("{user}-a")));
+        per_edge[(u + 1) % 3].push((user.clone(), format!("{user}-b")));
+    }
+    let edges: Vec<_> = per_edge
+        .into_iter()
+        .map(|calls| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut st = open(&c).await;
+                let mut sent = 0;
+                let mut size = 1;
+                while sent < calls.len() {
+                    let end = (sent + size).min(calls.len());
+                    // Tags are the edge's own: here 1000 + the entry's index.
+                    let entries = (sent..end)
+                        .map(|i| entry(a, s, &calls[i].0, &calls[i].1, 1000 + i as u64))
+                        .collect();
+                    st.send(entries);
+                    sent = end;
+                    size = size % 40 + 7;
+                    tokio::task::yield_now().await;
+                }
+                let answers = st.answers(calls.len()).await;
+                (calls, answers)
+            })
+        })
+        .collect();
+    let mut held: HashMap<String, HashSet<String>> = HashMap::new();
+    let (mut reserved, mut sold_out) = (0, 0);
+    for e in edges {
+        let (calls, answers) = e.await.unwrap();
+        assert_eq!(answers.len(), calls.len(), "every entry answered once");
+        for (i, (user, _)) in calls.into_iter().enumerate() {
+            let r = &answers[&(1000 + i as u64)];
+            match outcome(r) {
+                ReserveOutcome::Reserved | ReserveOutcome::Duplicate => {
+                    if outcome(r) == ReserveOutcome::Reserved {
+                        reserved += 1;
+                    }
+                    let rid = r.response.clone().unwrap().reservation_id;
+                    held.entry(user).or_default().insert(rid);
+                }
+                ReserveOutcome::SoldOut => sold_out += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    eprintln!("reserved {reserved}, sold out {sold_out}");
+    for (user, rids) in &held {
+        assert_eq!(rids.len(), 1, "{user} holds {rids:?}");
+    }
+    assert_eq!(reserved, 100, "exactly the stock");
+    assert_eq!(held.values().flatten().collect::<HashSet<_>>().len(), 100);
+    let redis = cluster.client().await;
+    let shards = shard_stock(&redis, a, s, 8).await;
+    assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
+    assert_eq!(shards.iter().sum::<i64>(), 0, "{shards:?}");
+    assert_eq!(stream_len(&redis, a, 8).await, 100);
+    // The edges' messages met in the shards' group commit.
+    let b = &h.metrics.reserve_batch;
+    assert!(b.get_sample_sum() > b.get_sample_count() as f64);
+    assert!(h.metrics.reserve_stream_entries.get_sample_count() >= 3);
+}
+
+#[tokio::test]
+async fn a_bad_entry_or_an_oversized_message_fails_entry_by_entry_and_takes_nothing() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(10, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    let redis = cluster.client().await;
+    let before = shard_stock(&redis, a, s, 2).await;
+    let mut st = open(&c).await;
+
+    let mut no_request = pb::ReserveBatchEntry::default();
+    no_request.tag = 3;
+    st.send(vec![
+        entry(a, s, "alice", "alice-1", 1),
+        entry(a, s, "bob", "", 2), // request_id missing
+        no_request,
+    ]);
+    st.send(vec![]); // ignored
+    let oversized = (0..1025)
+        .map(|i| entry(a, s, &format!("u{i}"), "r", 10 + i))
+        .collect();
+    st.send(oversized);
+    let got = st.answers(3 + 1025).await;
+    assert_eq!(outcome(&got[&1]), ReserveOutcome::Reserved);
+    for (tag, field) in [(2, "request_id"), (3, "request")] {
+        assert_eq!(got[&tag].code, Code::InvalidArgument as i32, "tag {tag}");
+        assert!(got[&tag].message.contains(field), "{}", got[&tag].message);
+    }
+    for tag in 10..10 + 1025 {
+        assert_eq!(got[&tag].code, Code::InvalidArgument as i32);
+        assert!(got[&tag].message.contains("entries"), "{}", got[&tag].message);
+    }
+    // Only alice's unit is gone; her resend on the same stream answers the same
+    // reservation.
+    let after = shard_stock(&redis, a, s, 2).await;
+    assert_eq!(before.iter().sum::<i64>() - after.iter().sum::<i64>(), 1);
+    st.send(vec![entry(a, s, "alice", "alice-1", 7)]);
+    let again = st.answers(1).await;
+    assert_eq!(
+        again[&7].response.as_ref().unwrap().reservation_id,
+        got[&1].response.as_ref().unwrap().reservation_id
+    );
+    assert_eq!(shard_stock(&redis, a, s, 2).await, after);
+}
+
+#[tokio::test]
+async fn a_stockd_shutting_down_answers_what_it_read_ends_the_stream_and_stops() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(50, 500)], 4, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    let mut st = open(&c).await;
+    st.send((0..20).map(|i| entry(a, s, &format!("u{i}"), "r", i)).collect());
+    let got = st.answers(20).await;
+    assert!(got.values().all(|r| outcome(r) == ReserveOutcome::Reserved));
+
+    // The edge keeps its stream open; the daemon still stops, in time, and ends it.
+    tokio::time::timeout(Duration::from_secs(10), h.stop())
+        .await
+        .expect("stockd stops with an edge's stream open")
+        .expect("stockd stopped cleanly");
+    let end = tokio::time::timeout(Duration::from_secs(5), st.answers.message())
+        .await
+        .expect("the stream ends");
+    assert!(matches!(end, Ok(None)), "ended with OK: {end:?}");
+}
