@@ -281,7 +281,11 @@ async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usi
 }
 
 /// The message for `jobs`: each entry tagged, each job kept under its tag.
-fn message(jobs: Vec<Job>, tag: &mut u64, waiting: &mut HashMap<u64, Job>) -> pb::ReserveBatchRequest {
+fn message(
+    jobs: Vec<Job>,
+    tag: &mut u64,
+    waiting: &mut HashMap<u64, Job>,
+) -> pb::ReserveBatchRequest {
     let mut entries = Vec::with_capacity(jobs.len());
     for mut job in jobs {
         *tag = tag.wrapping_add(1);
@@ -461,9 +465,8 @@ mod tests {
         }
     }
 
-    type Answers = Pin<
-        Box<dyn futures::Stream<Item = Result<pb::ReserveBatchResponse, Status>> + Send>,
-    >;
+    type Answers =
+        Pin<Box<dyn futures::Stream<Item = Result<pb::ReserveBatchResponse, Status>> + Send>>;
 
     #[tonic::async_trait]
     impl StockService for Svc {
@@ -619,8 +622,15 @@ mod tests {
                 (&echo.batches, &echo.streams)
             };
             let sizes = used.lock().unwrap().clone();
-            assert_eq!(sizes.iter().sum::<usize>(), 200, "stream {stream}: {sizes:?}");
-            assert!(sizes.len() < 200 / 4, "stream {stream}: hardly batched: {sizes:?}");
+            assert_eq!(
+                sizes.iter().sum::<usize>(),
+                200,
+                "stream {stream}: {sizes:?}"
+            );
+            assert!(
+                sizes.len() < 200 / 4,
+                "stream {stream}: hardly batched: {sizes:?}"
+            );
             assert!(other.lock().unwrap().is_empty(), "stream {stream}");
             assert_eq!(*echo.unary.lock().unwrap(), 0);
         }

@@ -56,7 +56,10 @@ impl Answers {
     /// Starts every entry of `msg`.
     fn start(&mut self, msg: pb::ReserveBatchRequest) {
         let app = &self.app;
-        self.app.metrics.reserve_stream_entries.observe(msg.entries.len() as f64);
+        self.app
+            .metrics
+            .reserve_stream_entries
+            .observe(msg.entries.len() as f64);
         let too_many = msg.entries.len() > MAX_BATCH;
         for e in msg.entries {
             let tag = e.tag;

@@ -177,8 +177,10 @@ async fn a_bad_entry_or_an_oversized_message_fails_entry_by_entry_and_takes_noth
     let before = shard_stock(&redis, a, s, 2).await;
     let mut st = open(&c).await;
 
-    let mut no_request = pb::ReserveBatchEntry::default();
-    no_request.tag = 3;
+    let no_request = pb::ReserveBatchEntry {
+        tag: 3,
+        ..Default::default()
+    };
     st.send(vec![
         entry(a, s, "alice", "alice-1", 1),
         entry(a, s, "bob", "", 2), // request_id missing
@@ -197,7 +199,11 @@ async fn a_bad_entry_or_an_oversized_message_fails_entry_by_entry_and_takes_noth
     }
     for tag in 10..10 + 1025 {
         assert_eq!(got[&tag].code, Code::InvalidArgument as i32);
-        assert!(got[&tag].message.contains("entries"), "{}", got[&tag].message);
+        assert!(
+            got[&tag].message.contains("entries"),
+            "{}",
+            got[&tag].message
+        );
     }
     // Only alice's unit is gone; her resend on the same stream answers the same
     // reservation.
@@ -222,7 +228,11 @@ async fn a_stockd_shutting_down_answers_what_it_read_ends_the_stream_and_stops()
     let (a, s) = (act.id, act.items[0].id);
     let c = h.stock_client().await;
     let mut st = open(&c).await;
-    st.send((0..20).map(|i| entry(a, s, &format!("u{i}"), "r", i)).collect());
+    st.send(
+        (0..20)
+            .map(|i| entry(a, s, &format!("u{i}"), "r", i))
+            .collect(),
+    );
     let got = st.answers(20).await;
     assert!(got.values().all(|r| outcome(r) == ReserveOutcome::Reserved));
 
