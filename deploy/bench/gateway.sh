@@ -19,6 +19,10 @@
 #                     one token per connection, as a kept-alive client sends it, so the
 #                     connection's verified-token memo answers the JWT check after the
 #                     first request                                target >= 1.0x sold-out
+#   challenge_issue_vs_soldout_jwt  the issue against the sold-out answer to a request
+#                     carrying the same JWT header (a signed-in page sends it on every
+#                     call): the same request bytes, so what differs is the work and the
+#                     answer (a second anchor; the headline stays the header-less one)
 #   challenge_issue_fresh_jwt  the same with 1,000 users' tokens taken in turn, so
 #                     every request's JWT is new to its connection (a full check each)
 #   challenge_redeem  POST .../items/8/token with a solved puzzle already spent: the full
@@ -380,19 +384,24 @@ PY
         printf 'wrk.method = "POST"\nwrk.headers["Authorization"] = "Bearer %s"\n' "$JWT"
         printf 'wrk.headers["Content-Type"] = "application/json"\nwrk.body = [[%s]]\n' "$BODY"
     } >"$REDEEM_LUA"
-    s_rps=(); i_rps=(); r_rps=(); i_us=(); r_us=(); s_us=(); f_rps=(); f_us=()
+    s_rps=(); i_rps=(); r_rps=(); i_us=(); r_us=(); s_us=(); f_rps=(); f_us=(); sj_rps=(); sj_us=()
     for r in $(seq "$RUNS"); do
         quiet_gate; read -r a b c d < <(one_run "ch-sold-$r" "$RESERVE_URL" "$POST_LUA" "$GW_PID"); s_rps+=("$a"); s_us+=("$d")
+        # The same sold-out answer to a signed-in buyer's request (the page sends its JWT
+        # on every call): the same request bytes as the issue's, answered before any JWT work.
+        quiet_gate; read -r a b c d < <(one_run "ch-soldjwt-$r" "$RESERVE_URL" "$ISSUE_LUA" "$GW_PID"); sj_rps+=("$a"); sj_us+=("$d")
         quiet_gate; read -r a b c d < <(one_run "ch-issue-$r" "$CH_URL" "$ISSUE_LUA" "$GW_PID"); i_rps+=("$a"); i_us+=("$d")
         quiet_gate; read -r a b c d < <(one_run "ch-fresh-$r" "$CH_URL" "$FRESH_LUA" "$GW_PID"); f_rps+=("$a"); f_us+=("$d")
         quiet_gate; read -r a b c d < <(one_run "ch-redeem-$r" "$TOKEN_URL" "$REDEEM_LUA" "$GW_PID"); r_rps+=("$a"); r_us+=("$d")
-        log "challenge run $r: sold-out ${s_rps[-1]}, issue ${i_rps[-1]}, issue with fresh JWTs ${f_rps[-1]}, redeem ${r_rps[-1]} req/s"
+        log "challenge run $r: sold-out ${s_rps[-1]} (with a JWT ${sj_rps[-1]}), issue ${i_rps[-1]}, issue with fresh JWTs ${f_rps[-1]}, redeem ${r_rps[-1]} req/s"
     done
     for t in issue fresh; do
         grep -q 'Non-2xx' "$WORK/wrk-ch-$t-1.txt" && log "WARNING: challenge $t answered non-2xx (see $WORK/wrk-ch-$t-1.txt)"
     done
     row challenge_issue "$(median "${i_rps[@]}")" "$(median "${s_rps[@]}")" "req/s vs our sold-out"
     row challenge_issue_cpu "$(median "${i_us[@]}")" "$(median "${s_us[@]}")" "us/req vs our sold-out"
+    row challenge_issue_vs_soldout_jwt "$(median "${i_rps[@]}")" "$(median "${sj_rps[@]}")" "req/s vs our sold-out to a request with the same JWT header"
+    row challenge_issue_vs_soldout_jwt_cpu "$(median "${i_us[@]}")" "$(median "${sj_us[@]}")" "us/req vs the same"
     row challenge_issue_fresh_jwt "$(median "${f_rps[@]}")" "$(median "${s_rps[@]}")" "req/s vs our sold-out"
     row challenge_issue_fresh_jwt_cpu "$(median "${f_us[@]}")" "$(median "${s_us[@]}")" "us/req vs our sold-out"
     row challenge_redeem "$(median "${r_rps[@]}")" "$(median "${s_rps[@]}")" "req/s vs our sold-out"
