@@ -233,7 +233,11 @@ async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usi
             .await;
         let mut answers = match answers {
             Ok(a) => a.into_inner(),
-            Err(s) if s.code() == Code::Unimplemented => {
+            // An older stockd: it does not know the RPC (UNIMPLEMENTED), or its scope
+            // table does not, and classifies it `admin` (a scope refusal).
+            Err(s)
+                if s.code() == Code::Unimplemented || seckill_proto::auth::is_scope_refusal(&s) =>
+            {
                 let jobs = sent
                     .entries
                     .into_iter()
@@ -280,17 +284,21 @@ async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usi
     }
 }
 
-/// The message for `jobs`: each entry tagged, each job kept under its tag.
+/// The message for `jobs`: each entry tagged and given the time its caller still waits,
+/// each job kept under its tag.
 fn message(
     jobs: Vec<Job>,
     tag: &mut u64,
     waiting: &mut HashMap<u64, Job>,
 ) -> pb::ReserveBatchRequest {
+    let now = Instant::now();
     let mut entries = Vec::with_capacity(jobs.len());
     for mut job in jobs {
         *tag = tag.wrapping_add(1);
         let mut e = std::mem::take(&mut job.entry);
         e.tag = *tag;
+        let left = job.deadline.saturating_duration_since(now).as_millis();
+        e.timeout_ms = left.clamp(1, u128::from(u32::MAX)) as u32;
         entries.push(e);
         waiting.insert(*tag, job);
     }
@@ -415,10 +423,15 @@ mod tests {
         old: bool,
         /// Serves `ReserveBatch` but not `ReserveStream`.
         no_stream: bool,
+        /// Serves `ReserveBatch`, and refuses `ReserveStream` as a stockd whose scope
+        /// table predates it does (PERMISSION_DENIED, marked a scope refusal).
+        stream_needs_admin: bool,
         /// Answers only the first entry of a stream, then ends the stream (OK).
         end_after_one: bool,
         /// Set when user `slow` has been decided.
         slow_done: AtomicBool,
+        /// The `timeout_ms` of every stream entry.
+        timeouts: Mutex<Vec<u32>>,
     }
 
     fn reserved(user: &str) -> pb::ReserveResponse {
@@ -498,6 +511,13 @@ mod tests {
             if self.old || self.no_stream {
                 return Err(Status::unimplemented("unknown method"));
             }
+            if self.stream_needs_admin {
+                return Err(seckill_proto::auth::scope_refusal(
+                    "caller \"gateway\" lacks the \"admin\" scope that \
+                     /seckill.v1.StockService/ReserveStream needs"
+                        .into(),
+                ));
+            }
             let mut inbound = r.into_inner();
             let echo = Arc::clone(&self.0);
             let (tx, rx) = mpsc::unbounded_channel();
@@ -505,6 +525,7 @@ mod tests {
                 while let Ok(Some(m)) = inbound.message().await {
                     echo.streams.lock().unwrap().push(m.entries.len());
                     for e in m.entries {
+                        echo.timeouts.lock().unwrap().push(e.timeout_ms);
                         let (echo, tx) = (Arc::clone(&echo), tx.clone());
                         tokio::spawn(async move {
                             let r = echo.decide(e).await;
@@ -572,6 +593,7 @@ mod tests {
             }),
             traceparent: String::new(),
             tag: 0,
+            timeout_ms: 0,
         }
     }
 
@@ -633,6 +655,13 @@ mod tests {
             );
             assert!(other.lock().unwrap().is_empty(), "stream {stream}");
             assert_eq!(*echo.unary.lock().unwrap(), 0);
+            // Each stream entry carries the time its caller still waits (5 s here).
+            let timeouts = echo.timeouts.lock().unwrap().clone();
+            assert_eq!(timeouts.len(), if stream { 200 } else { 0 });
+            assert!(
+                timeouts.iter().all(|&t| (1..=5000).contains(&t)),
+                "{timeouts:?}"
+            );
         }
     }
 
@@ -709,18 +738,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_stockd_without_streams_gets_batches_and_one_without_either_unary_calls() {
-        let echo = Arc::new(Echo {
-            no_stream: true,
-            ..Default::default()
-        });
-        let b = Batcher::new(serve(echo.clone()).await, 256, 2, true);
-        let mut some = users(20);
-        some[3] = "bad".into();
-        each_their_own(&crowd(&b, some.clone()).await);
-        each_their_own(&crowd(&b, some).await);
-        assert_eq!(echo.batches.lock().unwrap().iter().sum::<usize>(), 40);
-        assert!(echo.streams.lock().unwrap().is_empty());
-        assert_eq!(*echo.unary.lock().unwrap(), 0);
+        // Older stockds: one without the RPC, one whose scope table classifies it admin.
+        for needs_admin in [false, true] {
+            let echo = Arc::new(Echo {
+                no_stream: !needs_admin,
+                stream_needs_admin: needs_admin,
+                ..Default::default()
+            });
+            let b = Batcher::new(serve(echo.clone()).await, 256, 2, true);
+            let mut some = users(20);
+            some[3] = "bad".into();
+            each_their_own(&crowd(&b, some.clone()).await);
+            each_their_own(&crowd(&b, some).await);
+            let batched = echo.batches.lock().unwrap().iter().sum::<usize>();
+            assert_eq!(batched, 40, "needs admin {needs_admin}");
+            assert!(echo.streams.lock().unwrap().is_empty());
+            assert_eq!(*echo.unary.lock().unwrap(), 0);
+        }
 
         let echo = Arc::new(Echo {
             old: true,

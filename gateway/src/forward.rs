@@ -153,6 +153,7 @@ impl Clients {
             }),
             traceparent: traceparent.unwrap_or_default().to_string(),
             tag: 0,
+            timeout_ms: 0,
         };
         let r = self
             .stock_fleet

@@ -49,6 +49,22 @@ pub fn is_service_token_refusal(status: &Status) -> bool {
     })
 }
 
+/// True when `status` refuses a scope the caller's token lacks (the token itself is
+/// known). A daemon older than an RPC classifies it `admin` (see [`method_scope`]), so
+/// this is also how such a daemon answers an RPC it does not know yet.
+pub fn is_scope_refusal(status: &Status) -> bool {
+    status
+        .metadata()
+        .get(REFUSAL_HEADER)
+        .is_some_and(|v| v.as_bytes() == REFUSAL_SCOPE.as_bytes())
+}
+
+/// The PERMISSION_DENIED a daemon answers a caller that lacks the scope a call needs,
+/// marked so that [`is_scope_refusal`] knows it.
+pub fn scope_refusal(message: String) -> Status {
+    marked(Status::permission_denied(message), REFUSAL_SCOPE)
+}
+
 fn marked(mut status: Status, mark: &'static str) -> Status {
     status
         .metadata_mut()
@@ -284,14 +300,11 @@ impl Callers {
         let e = self.identify(presented)?;
         let need = method_scope(path);
         if e.scopes & need.bit() == 0 {
-            return Err(marked(
-                Status::permission_denied(format!(
-                    "caller {:?} lacks the {:?} scope that {path} needs",
-                    &*e.name,
-                    need.as_str()
-                )),
-                REFUSAL_SCOPE,
-            ));
+            return Err(scope_refusal(format!(
+                "caller {:?} lacks the {:?} scope that {path} needs",
+                &*e.name,
+                need.as_str()
+            )));
         }
         Ok(e.name.clone())
     }

@@ -32,6 +32,7 @@ fn entry(a: u64, s: u64, user: &str, req: &str, quantity: u32) -> pb::ReserveBat
         }),
         traceparent: String::new(),
         tag: 0,
+        timeout_ms: 0,
     }
 }
 

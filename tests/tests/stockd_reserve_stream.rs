@@ -3,8 +3,9 @@
 //! Cluster: three edges' streams, each sending a crowd's reservations in messages as
 //! they come, sell exactly the stock, once per user, and every entry is answered once
 //! under its own tag; a bad entry or an oversized message fails entry by entry and
-//! changes no stock; a stockd that shuts down answers every entry it read and ends the
-//! stream, so the daemon stops.
+//! changes no stock; an entry past its `timeout_ms` is answered DEADLINE_EXCEEDED and its
+//! retry finds its unit; a stockd that shuts down refuses new entries at once, finishes
+//! the ones it started and ends the stream, so the daemon stops.
 
 use seckill_tests::Deps;
 use std::collections::{HashMap, HashSet};
@@ -32,6 +33,7 @@ fn entry(a: u64, s: u64, user: &str, req: &str, tag: u64) -> pb::ReserveBatchEnt
         }),
         traceparent: String::new(),
         tag,
+        timeout_ms: 0,
     }
 }
 
@@ -218,8 +220,49 @@ async fn a_bad_entry_or_an_oversized_message_fails_entry_by_entry_and_takes_noth
     assert_eq!(shard_stock(&redis, a, s, 2).await, after);
 }
 
+/// Every master of `cluster` stopped (SIGSTOP) for `ms`.
+fn stall_masters(cluster: &RedisCluster, ms: u64) -> Vec<seckill_tests::redis::Stall> {
+    cluster
+        .masters()
+        .into_iter()
+        .map(|p| cluster.stall(p, ms))
+        .collect()
+}
+
 #[tokio::test]
-async fn a_stockd_shutting_down_answers_what_it_read_ends_the_stream_and_stops() {
+async fn an_entry_past_its_timeout_is_answered_deadline_exceeded_and_its_retry_finds_its_unit() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(10, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let c = h.stock_client().await;
+    let mut st = open(&c).await;
+    // Redis stops for 300 ms (under stockd's 500 ms Redis timeout): an entry the edge
+    // waits 30 ms for is answered DEADLINE_EXCEEDED, one without a limit is decided.
+    let stalls = stall_masters(&cluster, 300);
+    let mut hasty = entry(a, s, "hasty", "hasty-1", 1);
+    hasty.timeout_ms = 30;
+    st.send(vec![hasty, entry(a, s, "patient", "patient-1", 2)]);
+    let got = st.answers(2).await;
+    assert_eq!(got[&1].code, Code::DeadlineExceeded as i32, "{:?}", got[&1]);
+    assert_eq!(outcome(&got[&2]), ReserveOutcome::Reserved);
+    stalls.into_iter().for_each(|s| s.join());
+    // The hasty buyer's retry with the same request id gets the unit its call took (or a
+    // fresh one): one reservation either way, never two.
+    st.send(vec![entry(a, s, "hasty", "hasty-1", 3)]);
+    st.send(vec![entry(a, s, "hasty", "hasty-2", 4)]);
+    let again = st.answers(2).await;
+    assert_eq!(outcome(&again[&3]), ReserveOutcome::Reserved);
+    assert_eq!(outcome(&again[&4]), ReserveOutcome::Duplicate);
+    let redis = cluster.client().await;
+    assert_eq!(shard_stock(&redis, a, s, 2).await.iter().sum::<i64>(), 8);
+}
+
+#[tokio::test]
+async fn a_stockd_shutting_down_refuses_new_entries_at_once_finishes_the_rest_and_ends_the_stream()
+{
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
@@ -229,20 +272,61 @@ async fn a_stockd_shutting_down_answers_what_it_read_ends_the_stream_and_stops()
     let c = h.stock_client().await;
     let mut st = open(&c).await;
     st.send(
-        (0..20)
+        (0..5)
+            .map(|i| entry(a, s, &format!("w{i}"), "r", i))
+            .collect(),
+    );
+    assert!(st
+        .answers(5)
+        .await
+        .values()
+        .all(|r| outcome(r) == ReserveOutcome::Reserved));
+
+    // Ten entries stuck in a stalled Redis when the daemon begins to stop; ten more sent
+    // after that: those are refused UNAVAILABLE (fail over) before Redis even resumes,
+    // the stuck ten are finished, then the stream ends with OK and the daemon stops.
+    let stalls = stall_masters(&cluster, 400);
+    st.send(
+        (10..20)
             .map(|i| entry(a, s, &format!("u{i}"), "r", i))
             .collect(),
     );
-    let got = st.answers(20).await;
-    assert!(got.values().all(|r| outcome(r) == ReserveOutcome::Reserved));
-
-    // The edge keeps its stream open; the daemon still stops, in time, and ends it.
-    tokio::time::timeout(Duration::from_secs(10), h.stop())
-        .await
-        .expect("stockd stops with an edge's stream open")
-        .expect("stockd stopped cleanly");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stop = tokio::spawn(h.stop());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    st.send(
+        (20..30)
+            .map(|i| entry(a, s, &format!("u{i}"), "r", i))
+            .collect(),
+    );
+    let refused = st.answers(10).await;
+    for tag in 20..30 {
+        assert_eq!(
+            refused[&tag].code,
+            Code::Unavailable as i32,
+            "{:?}",
+            refused.get(&tag)
+        );
+    }
+    stalls.into_iter().for_each(|s| s.join());
+    let finished = st.answers(10).await;
+    for tag in 10..20 {
+        assert_eq!(
+            outcome(&finished[&tag]),
+            ReserveOutcome::Reserved,
+            "tag {tag}"
+        );
+    }
     let end = tokio::time::timeout(Duration::from_secs(5), st.answers.message())
         .await
         .expect("the stream ends");
     assert!(matches!(end, Ok(None)), "ended with OK: {end:?}");
+    tokio::time::timeout(Duration::from_secs(10), stop)
+        .await
+        .expect("stockd stops with an edge's stream open")
+        .unwrap()
+        .expect("stockd stopped cleanly");
+    // Exactly the 15 answered RESERVED took units.
+    let redis = cluster.client().await;
+    assert_eq!(shard_stock(&redis, a, s, 4).await.iter().sum::<i64>(), 35);
 }
