@@ -3,7 +3,8 @@
 //! one Redis Cluster with a replica per master, stockd acknowledging every reservation
 //! on a replica. A crowd buys through both edges; mid-sale one stockd and one orderd are
 //! killed -9, and later the stockd is started again (with `recompute_at_start`, the
-//! default) while the sale runs. The invariants hold, no shard is rebuilt while its
+//! default) while the sale runs; then the other stockd is stopped gracefully (SIGTERM,
+//! with the edges' reservation streams open on it) and started again. The invariants hold, no shard is rebuilt while its
 //! fence is intact, and the edges answer from the surviving peers.
 //!
 //! Needs `cargo build --bins -p stockd -p orderd -p gateway`.
@@ -60,7 +61,7 @@ async fn two_of_each_daemon_keep_every_promise_through_kills_and_a_restart_mid_s
     let db = TestDb::create().await;
     let deps = Deps::new(&redis, &db);
     let acks = |c: &mut stockd::Config| c.redis.replica_acks = 1;
-    let stockd_a = spawn_stockd_process(&deps, acks).await;
+    let mut stockd_a = spawn_stockd_process(&deps, acks).await;
     let mut stockd_b = spawn_stockd_process(&deps, acks).await;
     let orderd_a = spawn_orderd_process(&deps, |_| {}).await;
     let mut orderd_b = spawn_orderd_process(&deps, |_| {}).await;
@@ -180,6 +181,22 @@ async fn two_of_each_daemon_keep_every_promise_through_kills_and_a_restart_mid_s
     })
     .await;
     stockd_b.restart().await;
+    // Five sixths in: stockd A stops gracefully (SIGTERM, the first half of a rolling
+    // restart) with both edges' reservation streams open on it, and starts again. It
+    // stops by itself (a stream never holds the drain: it refuses what comes, finishes
+    // what it started, ends the stream), and its buyers fail over inside the edges.
+    wait_until_async("five sixths answered", Duration::from_secs(120), || async {
+        done.load(Ordering::Acquire) >= 5 * BUYERS / 6
+    })
+    .await;
+    let pid = stockd_a.child.id().expect("stockd A runs");
+    seckill_tests::process::signal(pid, "TERM");
+    wait_until_async("stockd A stopped on SIGTERM", Duration::from_secs(15), || {
+        let running = stockd_a.child.is_running();
+        async move { !running }
+    })
+    .await;
+    stockd_a.restart().await;
     let mut answers = Vec::new();
     while let Some(w) = workers.join_next().await {
         answers.extend(w.expect("crowd worker"));
