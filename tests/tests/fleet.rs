@@ -191,10 +191,14 @@ async fn two_of_each_daemon_keep_every_promise_through_kills_and_a_restart_mid_s
     .await;
     let pid = stockd_a.child.id().expect("stockd A runs");
     seckill_tests::process::signal(pid, "TERM");
-    wait_until_async("stockd A stopped on SIGTERM", Duration::from_secs(15), || {
-        let running = stockd_a.child.is_running();
-        async move { !running }
-    })
+    wait_until_async(
+        "stockd A stopped on SIGTERM",
+        Duration::from_secs(15),
+        || {
+            let running = stockd_a.child.is_running();
+            async move { !running }
+        },
+    )
     .await;
     stockd_a.restart().await;
     let mut answers = Vec::new();
