@@ -65,6 +65,14 @@ fn call_histogram(name: &str, help: &str) -> Histogram {
         .expect("valid metric")
 }
 
+/// Buckets of a count of reservations carried together (a call, a message).
+const SIZE_BUCKETS: [f64; 10] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
+
+fn size_histogram(name: &str, help: &str) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(SIZE_BUCKETS.to_vec()))
+        .expect("valid metric")
+}
+
 /// Every stockd metric and the registry holding them.
 #[derive(Clone)]
 pub struct Metrics {
@@ -158,30 +166,18 @@ impl Metrics {
         .expect("valid metric");
         let reserve_seconds =
             call_histogram("stockd_reserve_seconds", "Latency of a whole Reserve");
-        let reserve_batch = Histogram::with_opts(
-            HistogramOpts::new(
-                "stockd_reserve_batch_size",
-                "Reservations sent in one reserve call",
-            )
-            .buckets(vec![
-                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0,
-            ]),
-        )
-        .expect("valid metric");
+        let reserve_batch = size_histogram(
+            "stockd_reserve_batch_size",
+            "Reservations sent in one reserve call",
+        );
         let reserve_batch_rpc_seconds = call_histogram(
             "stockd_reserve_batch_rpc_seconds",
             "One ReserveBatch call, request decoded to answer (its slowest entry)",
         );
-        let reserve_stream_entries = Histogram::with_opts(
-            HistogramOpts::new(
-                "stockd_reserve_stream_entries",
-                "Reservations in one message of an edge's ReserveStream",
-            )
-            .buckets(vec![
-                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0,
-            ]),
-        )
-        .expect("valid metric");
+        let reserve_stream_entries = size_histogram(
+            "stockd_reserve_stream_entries",
+            "Reservations in one message of an edge's ReserveStream",
+        );
         let redis_errors = IntCounterVec::new(
             Opts::new("stockd_redis_errors_total", "Redis errors by kind"),
             &["kind"],

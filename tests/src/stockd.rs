@@ -415,6 +415,36 @@ pub async fn reserve(
     .map(|r| r.into_inner())
 }
 
+/// One entry of a `ReserveBatch` or `ReserveStream` message (no trace, no tag, no
+/// timeout; `quantity` 0 means 1).
+pub fn batch_entry(
+    activity: u64,
+    item: u64,
+    user: &str,
+    request: &str,
+    quantity: u32,
+) -> pb::ReserveBatchEntry {
+    pb::ReserveBatchEntry {
+        request: Some(pb::ReserveRequest {
+            activity_id: activity,
+            item_id: item,
+            user_id: user.into(),
+            request_id: request.into(),
+            quantity,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The outcome of an entry's result, which must have succeeded (code 0).
+pub fn entry_outcome(r: &pb::ReserveResult) -> pb::ReserveOutcome {
+    assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);
+    r.response
+        .as_ref()
+        .expect("a response with code 0")
+        .outcome()
+}
+
 /// Units per shard of an item, read straight from Redis (a missing key is 0).
 pub async fn shard_stock(
     redis: &fred::clients::Client,

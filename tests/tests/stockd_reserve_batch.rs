@@ -13,28 +13,13 @@ use seckill_lua::keys;
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_proto::trace::TraceParent;
 use seckill_tests::stockd::{
-    create_published_activity, create_published_activity_limited, shard_stock, spawn_stockd,
-    stream_len, StockClient,
+    batch_entry as entry, create_published_activity, create_published_activity_limited,
+    entry_outcome as outcome, shard_stock, spawn_stockd, stream_len, StockClient,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tonic::Code;
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-fn entry(a: u64, s: u64, user: &str, req: &str, quantity: u32) -> pb::ReserveBatchEntry {
-    pb::ReserveBatchEntry {
-        request: Some(pb::ReserveRequest {
-            activity_id: a,
-            item_id: s,
-            user_id: user.into(),
-            request_id: req.into(),
-            quantity,
-        }),
-        traceparent: String::new(),
-        tag: 0,
-        timeout_ms: 0,
-    }
-}
 
 async fn batch(c: &StockClient, entries: Vec<pb::ReserveBatchEntry>) -> Vec<pb::ReserveResult> {
     let n = entries.len();
@@ -47,14 +32,6 @@ async fn batch(c: &StockClient, entries: Vec<pb::ReserveBatchEntry>) -> Vec<pb::
         .results;
     assert_eq!(results.len(), n, "one result per entry");
     results
-}
-
-fn outcome(r: &pb::ReserveResult) -> ReserveOutcome {
-    assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);
-    r.response
-        .as_ref()
-        .expect("a response with code 0")
-        .outcome()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

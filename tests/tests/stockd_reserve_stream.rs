@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::stockd::{
-    create_published_activity, shard_stock, spawn_stockd, stream_len, StockClient,
+    batch_entry, create_published_activity, entry_outcome as outcome, shard_stock, spawn_stockd,
+    stream_len, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tokio::sync::mpsc;
@@ -24,16 +25,36 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 fn entry(a: u64, s: u64, user: &str, req: &str, tag: u64) -> pb::ReserveBatchEntry {
     pb::ReserveBatchEntry {
-        request: Some(pb::ReserveRequest {
-            activity_id: a,
-            item_id: s,
-            user_id: user.into(),
-            request_id: req.into(),
-            quantity: 0,
-        }),
-        traceparent: String::new(),
         tag,
-        timeout_ms: 0,
+        ..batch_entry(a, s, user, req, 0)
+    }
+}
+
+/// One published item of `stock` units over `shards` on a fresh stockd, Redis Cluster
+/// and database.
+struct Sale {
+    cluster: RedisCluster,
+    _db: TestDb,
+    h: StockdHandle,
+    a: u64,
+    s: u64,
+    c: StockClient,
+}
+
+async fn sale(stock: u32, shards: u32) -> Sale {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(stock, 500)], shards, Duration::ZERO, HOUR).await;
+    let c = h.stock_client().await;
+    Sale {
+        a: act.id,
+        s: act.items[0].id,
+        cluster,
+        _db: db,
+        h,
+        c,
     }
 }
 
@@ -80,23 +101,16 @@ impl Stream {
     }
 }
 
-fn outcome(r: &pb::ReserveResult) -> ReserveOutcome {
-    assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);
-    r.response
-        .as_ref()
-        .expect("a response with code 0")
-        .outcome()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_edges_streams_sell_exactly_the_stock_once_per_user_each_entry_answered_once() {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
-    let act = create_published_activity(&h, &[(100, 500)], 8, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let c = h.stock_client().await;
+    let Sale {
+        cluster,
+        _db,
+        h,
+        a,
+        s,
+        c,
+    } = sale(100, 8).await;
     // 300 users, each clicking twice (two request ids) on two of three edges; each
     // edge sends its 200 entries in messages of 1 to 40 as they come, all at once.
     let mut per_edge = vec![Vec::new(); 3];
@@ -168,13 +182,14 @@ async fn three_edges_streams_sell_exactly_the_stock_once_per_user_each_entry_ans
 
 #[tokio::test]
 async fn a_bad_entry_or_an_oversized_message_fails_entry_by_entry_and_takes_nothing() {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
-    let act = create_published_activity(&h, &[(10, 500)], 2, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let c = h.stock_client().await;
+    let Sale {
+        cluster,
+        _db,
+        h: _stockd,
+        a,
+        s,
+        c,
+    } = sale(10, 2).await;
     let redis = cluster.client().await;
     let before = shard_stock(&redis, a, s, 2).await;
     let mut st = open(&c).await;
@@ -231,13 +246,14 @@ fn stall_masters(cluster: &RedisCluster, ms: u64) -> Vec<seckill_tests::redis::S
 
 #[tokio::test]
 async fn an_entry_past_its_timeout_is_answered_deadline_exceeded_and_its_retry_finds_its_unit() {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
-    let act = create_published_activity(&h, &[(10, 500)], 2, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let c = h.stock_client().await;
+    let Sale {
+        cluster,
+        _db,
+        h: _stockd,
+        a,
+        s,
+        c,
+    } = sale(10, 2).await;
     let mut st = open(&c).await;
     // Redis stops for 300 ms (under stockd's 500 ms Redis timeout): an entry the edge
     // waits 30 ms for is answered DEADLINE_EXCEEDED, one without a limit is decided.
@@ -263,13 +279,14 @@ async fn an_entry_past_its_timeout_is_answered_deadline_exceeded_and_its_retry_f
 #[tokio::test]
 async fn a_stockd_shutting_down_refuses_new_entries_at_once_finishes_the_rest_and_ends_the_stream()
 {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
-    let act = create_published_activity(&h, &[(50, 500)], 4, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let c = h.stock_client().await;
+    let Sale {
+        cluster,
+        _db,
+        h,
+        a,
+        s,
+        c,
+    } = sale(50, 4).await;
     let mut st = open(&c).await;
     st.send(
         (0..5)
