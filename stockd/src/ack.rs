@@ -8,8 +8,11 @@
 //! and go together in its next one, `EVALSHA` after `EVALSHA` and ONE `WAIT` at the end,
 //! on a client borrowed for that pipeline alone ([`Clients`]). One `WAIT` then covers the
 //! calls of every shard of that master (the shards' own group commit already put several
-//! reservations in each call), and their writes share the connection's syscalls. As
-//! with the shards' queues there is no timer: a lone call goes at once.
+//! reservations in each call). The calls do not share a write: fred 10.1 flushes the
+//! socket after every `EVALSHA` and every custom command (`CommandKind::should_flush`),
+//! so a pipeline of n calls is n + 1 writes on one connection (docs/load-testing.md,
+//! "stockd's system calls"). As with the shards' queues there is no timer: a lone call
+//! goes at once.
 //!
 //! A call counts as replicated when `WAIT` saw enough replicas and its slot's master did
 //! not change while the pipeline ran (a redirected script may have run on a new master
