@@ -443,6 +443,12 @@ mod tests {
     }
 
     impl Echo {
+        /// Entries per `ReserveStream` message (`stream`) or per `ReserveBatch` call.
+        fn sizes(&self, stream: bool) -> Vec<usize> {
+            let sizes = if stream { &self.streams } else { &self.batches };
+            sizes.lock().unwrap().clone()
+        }
+
         /// One entry decided: after 20 ms, `slow` after 500 ms.
         async fn decide(&self, e: pb::ReserveBatchEntry) -> pb::ReserveResult {
             let user = e.request.unwrap_or_default().user_id;
@@ -638,12 +644,7 @@ mod tests {
             let mut users = users(200);
             users[17] = "bad".into();
             each_their_own(&crowd(&b, users).await);
-            let (used, other) = if stream {
-                (&echo.streams, &echo.batches)
-            } else {
-                (&echo.batches, &echo.streams)
-            };
-            let sizes = used.lock().unwrap().clone();
+            let sizes = echo.sizes(stream);
             assert_eq!(
                 sizes.iter().sum::<usize>(),
                 200,
@@ -653,7 +654,7 @@ mod tests {
                 sizes.len() < 200 / 4,
                 "stream {stream}: hardly batched: {sizes:?}"
             );
-            assert!(other.lock().unwrap().is_empty(), "stream {stream}");
+            assert!(echo.sizes(!stream).is_empty(), "stream {stream}");
             assert_eq!(*echo.unary.lock().unwrap(), 0);
             // Each stream entry carries the time its caller still waits (5 s here).
             let timeouts = echo.timeouts.lock().unwrap().clone();
@@ -670,12 +671,11 @@ mod tests {
         for stream in [true, false] {
             let echo = Arc::new(Echo::default());
             let b = Batcher::new(serve(echo.clone()).await, 8, 1, stream);
-            let used = if stream { &echo.streams } else { &echo.batches };
             let (_, r, _) = crowd(&b, vec!["solo".into()]).await.remove(0);
             assert_eq!(r.unwrap().reservation_id, "rid-solo");
-            assert_eq!(*used.lock().unwrap(), [1]);
+            assert_eq!(echo.sizes(stream), [1]);
             assert!(crowd(&b, users(50)).await.iter().all(|(_, r, _)| r.is_ok()));
-            let sizes = used.lock().unwrap().clone();
+            let sizes = echo.sizes(stream);
             assert!(sizes.iter().all(|&n| n <= 8), "stream {stream}: {sizes:?}");
             assert_eq!(sizes.iter().sum::<usize>(), 51);
         }

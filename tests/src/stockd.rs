@@ -436,6 +436,19 @@ pub fn batch_entry(
     }
 }
 
+/// `users` buyers (`user-0`...), each clicking twice: `(user, request id)` under the
+/// request ids `<user>-a` in group `u % groups` and `<user>-b` in the next one, as a
+/// double click that lands on two edges (or in two calls) does.
+pub fn double_clicks(users: usize, groups: usize) -> Vec<Vec<(String, String)>> {
+    let mut out = vec![Vec::new(); groups];
+    for u in 0..users {
+        let user = format!("user-{u}");
+        out[u % groups].push((user.clone(), format!("{user}-a")));
+        out[(u + 1) % groups].push((user.clone(), format!("{user}-b")));
+    }
+    out
+}
+
 /// The outcome of an entry's result, which must have succeeded (code 0).
 pub fn entry_outcome(r: &pb::ReserveResult) -> pb::ReserveOutcome {
     assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);

@@ -14,7 +14,7 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_proto::trace::TraceParent;
 use seckill_tests::stockd::{
     batch_entry as entry, create_published_activity, create_published_activity_limited,
-    entry_outcome as outcome, shard_stock, spawn_stockd, stream_len, StockClient,
+    double_clicks, entry_outcome as outcome, shard_stock, spawn_stockd, stream_len, StockClient,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tonic::Code;
@@ -45,13 +45,7 @@ async fn concurrent_batches_from_a_crowd_sell_exactly_the_stock_once_per_user() 
     let c = h.stock_client().await;
     // 300 users, each in two of six batches of 100 under two request ids (a double
     // click landing on two edges), every batch sent at once.
-    let mut batches = vec![Vec::new(); 6];
-    for u in 0..300 {
-        let user = format!("user-{u}");
-        batches[u % 6].push((user.clone(), format!("{user}-a")));
-        batches[(u + 1) % 6].push((user.clone(), format!("{user}-b")));
-    }
-    let tasks: Vec<_> = batches
+    let tasks: Vec<_> = double_clicks(300, 6)
         .into_iter()
         .map(|calls| {
             let c = c.clone();

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::stockd::{
-    batch_entry, create_published_activity, entry_outcome as outcome, shard_stock, spawn_stockd,
-    stream_len, StockClient, StockdHandle,
+    batch_entry, create_published_activity, double_clicks, entry_outcome as outcome, shard_stock,
+    spawn_stockd, stream_len, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tokio::sync::mpsc;
@@ -113,13 +113,7 @@ async fn three_edges_streams_sell_exactly_the_stock_once_per_user_each_entry_ans
     } = sale(100, 8).await;
     // 300 users, each clicking twice (two request ids) on two of three edges; each
     // edge sends its 200 entries in messages of 1 to 40 as they come, all at once.
-    let mut per_edge = vec![Vec::new(); 3];
-    for u in 0..300 {
-        let user = format!("user-{u}");
-        per_edge[u % 3].push((user.clone(), format!("{user}-a")));
-        per_edge[(u + 1) % 3].push((user.clone(), format!("{user}-b")));
-    }
-    let edges: Vec<_> = per_edge
+    let edges: Vec<_> = double_clicks(300, 3)
         .into_iter()
         .map(|calls| {
             let c = c.clone();
