@@ -55,6 +55,7 @@ pub use toml;
 
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::background_service;
@@ -130,7 +131,19 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     );
     svc.set_connection_filter(Arc::new(filters::ConnectionBan(shared.clone())));
     for addr in &config.server.listen {
-        svc.add_tcp(addr);
+        // No L4 read buffer on the plain listeners. pingora's default puts a 64 KiB
+        // buffer in front of every accepted socket, allocated zeroed at the handshake:
+        // at a sale's opening every new connection of the herd then zeroes (and, in a
+        // process that has not yet grown its heap that far, page-faults in) 64 KiB
+        // before its first byte is read, which was most of the gateway's page faults
+        // in the herd (docs/load-testing.md, "The herd's new connections"). Plain
+        // HTTP/1.1 is read by the fast lane and pingora's session into their own
+        // buffers anyway (4 KiB to start, like nginx's 1 KiB header buffer), and h2c
+        // by the h2 codec into its own. The TLS listener keeps pingora's default:
+        // rustls reads in small chunks, which the buffer saves system calls for.
+        svc.add_listener(
+            ListenerConfig::tcp(addr.as_str()).l4_buffer(L4BufferSettings::default().read(0)),
+        );
     }
     if !config.server.tls_listen.is_empty() {
         // rustls (pingora's `rustls` feature, ring provider). The files were checked when
