@@ -135,6 +135,37 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok.success(), "kill -{sig} {pid}");
 }
 
+/// True when process `pid` itself holds a socket listening on TCP `port` (IPv4), read
+/// from `/proc/net/tcp` and the process's descriptors: [`port_open`] also answers true
+/// when another process took the port first, and a child that lost the race to bind
+/// would then look ready while its callers talk to the other process.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // sl local_address rem_address st ... inode: "0100007F:1F90", state 0A = LISTEN.
+    let sockets: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+            let inode = f.get(9)?;
+            (local == port && *f.get(3)? == "0A").then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    if sockets.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
+}
+
 /// True when something accepts TCP connections on `127.0.0.1:port`.
 pub fn port_open(port: u16) -> bool {
     TcpStream::connect_timeout(
@@ -209,4 +240,24 @@ pub fn config_test(bin: &str, path: &std::path::Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listens_on_names_the_process_that_holds_the_port_and_no_other() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port));
+        // Open for everyone, but another process's listener.
+        assert!(port_open(port));
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!listens_on(other.id(), port));
+        let _ = other.kill();
+        let _ = other.wait();
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port));
+    }
 }

@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{free_port, port_open, wait_until_async, workspace_bin, ChildGuard};
+use crate::process::{free_port, listens_on, workspace_bin, ChildGuard};
 use crate::{RedisCluster, SERVICE_TOKEN};
 
 /// JWT secret of the generated config.
@@ -143,15 +143,20 @@ impl GatewayHandle {
     pub async fn wait_activity(&self, a: u64) {
         let url = format!("{}/api/v1/activities/{a}", self.base_url());
         let http = reqwest::Client::new();
-        wait_until_async(
-            "the gateway to know the activity",
-            Duration::from_secs(20),
-            || {
-                let (http, url) = (http.clone(), url.clone());
-                async move { matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) }
-            },
-        )
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer = match http.get(&url).send().await {
+                Ok(r) if r.status() == 200 => return,
+                Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the gateway did not know activity {a} within 20 s (last answer: {answer}); log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -392,9 +397,10 @@ async fn wait_http_once(h: &mut GatewayHandle, path: &str) -> bool {
         if h.log().contains(PORT_IN_USE) {
             return false;
         }
+        let ours = |port: u16| h.child.id().is_some_and(|pid| listens_on(pid, port));
         if matches!(http.get(&url).send().await, Ok(r) if r.status() == 200)
-            && port_open(h.port)
-            && h.tls_port.is_none_or(port_open)
+            && ours(h.port)
+            && h.tls_port.is_none_or(ours)
         {
             // Every listener has been bound (or failed to) by now.
             return !h.log().contains(PORT_IN_USE);
