@@ -110,8 +110,21 @@ pub fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool
 }
 
 /// Async twin of [`wait_until`].
-pub async fn wait_until_async<F, Fut>(what: &str, timeout: Duration, mut ready: F)
+pub async fn wait_until_async<F, Fut>(what: &str, timeout: Duration, ready: F)
 where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    wait_until_async_or(what, timeout, ready, String::new).await;
+}
+
+/// [`wait_until_async`] whose timeout also prints `context()` (a log, the last answer).
+pub async fn wait_until_async_or<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut ready: F,
+    context: impl Fn() -> String,
+) where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
@@ -119,7 +132,8 @@ where
     while !ready().await {
         assert!(
             Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            context()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{free_port, listens_on, workspace_bin, ChildGuard};
+use crate::process::{free_port, listens_on, wait_until_async_or, workspace_bin, ChildGuard};
 use crate::{RedisCluster, SERVICE_TOKEN};
 
 /// JWT secret of the generated config.
@@ -143,20 +143,25 @@ impl GatewayHandle {
     pub async fn wait_activity(&self, a: u64) {
         let url = format!("{}/api/v1/activities/{a}", self.base_url());
         let http = reqwest::Client::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let answer = match http.get(&url).send().await {
-                Ok(r) if r.status() == 200 => return,
-                Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the gateway did not know activity {a} within 20 s (last answer: {answer}); log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let last = std::sync::Mutex::new(String::new());
+        wait_until_async_or(
+            &format!("the gateway to know activity {a}"),
+            Duration::from_secs(20),
+            || async {
+                let answer = match http.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => return true,
+                    Ok(r) => format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
+                    Err(e) => e.to_string(),
+                };
+                *last.lock().unwrap() = answer;
+                false
+            },
+            || {
+                let answer = last.lock().unwrap();
+                format!(" (last answer: {answer}); log:\n{}", self.log())
+            },
+        )
+        .await;
     }
 }
 
