@@ -222,6 +222,27 @@ impl Driver {
             .unwrap_or(false)
     }
 
+    /// Runs `script` in the page (WebDriver "execute script", synchronous).
+    async fn execute(&self, script: &str) {
+        self.post(
+            &self.s("/execute/sync"),
+            json!({ "script": script, "args": [] }),
+        )
+        .await;
+    }
+
+    /// Puts the page's clock `ms` behind the real one from now on, as a late estimate
+    /// of the server's clock would (the page takes the midpoint of a round trip, which
+    /// a slow answer makes late by up to half of it). The room's places carry the
+    /// server's time and must pull the estimate forward again: a place drawn at the
+    /// opening never shows beside a countdown that still runs.
+    async fn lag_clock(&self, ms: u64) {
+        self.execute(&format!(
+            "const now = Date.now.bind(Date); Date.now = () => now() - {ms};"
+        ))
+        .await;
+    }
+
     /// Polls `css`'s text until `pred` holds, at most `secs`.
     async fn wait_text(&self, css: &str, secs: u64, pred: impl Fn(&str) -> bool) -> String {
         let mut last = String::new();
@@ -597,6 +618,7 @@ async fn a_buyer_in_headless_chromium_waits_in_the_queue_then_buys_once_admitted
     );
     assert!(!d.enabled("#buy").await);
     d.screenshot(&artefact("room_prequeue.png")).await;
+    d.lag_clock(1500).await;
 
     // The opening: the pre-queue is drawn, the page shows the place.
     let pos = d
@@ -671,6 +693,7 @@ async fn a_buyer_in_headless_chromium_queues_then_solves_the_challenge_then_buys
     );
     assert!(!d.enabled("#buy").await);
     d.screenshot(&artefact("fair_entry_prequeue.png")).await;
+    d.lag_clock(1500).await;
 
     // The opening: the place is drawn and shown; still no way to buy, no puzzle.
     let pos = d
