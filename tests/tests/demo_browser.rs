@@ -14,6 +14,7 @@
 //! that is missing or cannot be started FAILS the test: a skipped browser test would be a
 //! green run that checked nothing. Outside CI a missing browser only skips, loudly.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -49,7 +50,7 @@ fn in_ci() -> bool {
     })
 }
 
-/// chromedriver on a free port; killed on drop.
+/// chromedriver on a free port; killed on drop, with the Chromium it started.
 struct Driver {
     child: Child,
     url: String,
@@ -60,6 +61,11 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        // The whole process group: Chromium outlives a killed chromedriver, and a test
+        // that fails before `quit` would leave it running (with the page polling).
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -70,6 +76,8 @@ impl Driver {
         let port = free_port(None);
         let child = Command::new(chromedriver)
             .arg(format!("--port={port}"))
+            // A group of its own, which the browser it starts joins (see `Drop`).
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
