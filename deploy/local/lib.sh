@@ -154,27 +154,39 @@ port_holder() {
         | sed 's/users:(("\([^"]*\)",pid=\([0-9]*\)/\1(\2)/'; } || true
 }
 
-# port_sockets PORT: the sockets other than listeners and TIME-WAIT whose local end is
-# 127.0.0.1:PORT (or any address), one "STATE peer process" per line: a client connection that
-# was handed PORT as its ephemeral port before the port was reserved blocks a listener's bind
-# until it closes. Empty when none (or without ss).
+# port_sockets PORT: the sockets other than listeners whose local end is 127.0.0.1:PORT (or any
+# address), one "STATE peer process" per line: what keeps a listener from binding PORT (see
+# port_bindable). Empty when none (or without ss).
 port_sockets() {
     command -v ss >/dev/null 2>&1 || return 0
-    { ss -Htanp "sport = :$1" 2>/dev/null | awk '$1 != "LISTEN" && $1 != "TIME-WAIT" { print $1, $5, $6 }'; } || true
+    { ss -Htanp "sport = :$1" 2>/dev/null | awk '$1 != "LISTEN" { print $1, $5, $6 }'; } || true
 }
 
-# wait_port_free PORT SECONDS: waits until no socket but TIME-WAIT ones holds PORT (those do
-# not stop a listener's bind); fails naming them when SECONDS pass first.
+# port_bindable PORT: true when a listener could bind 127.0.0.1:PORT now, with SO_REUSEADDR as
+# the daemons bind (tokio's TcpListener). A client connection that was handed PORT as its
+# ephemeral port before reserve_ports ran blocks that bind while it is open, and then for the
+# 60 s of its TIME-WAIT: Linux lets SO_REUSEADDR pass only the TIME-WAITs of sockets that had
+# it (a listener's accepted connections), not a client's. So this tries the bind itself (perl
+# is Essential on Debian); without perl it falls back to "no socket but TIME-WAIT on PORT".
+port_bindable() {
+    if command -v perl >/dev/null 2>&1; then
+        perl -MIO::Socket::INET -e 'exit(IO::Socket::INET->new(LocalAddr => "127.0.0.1",
+            LocalPort => $ARGV[0], Proto => "tcp", Listen => 1, ReuseAddr => 1) ? 0 : 1)' "$1"
+        return
+    fi
+    [ -z "$(port_sockets "$1" | awk '$1 != "TIME-WAIT"')" ]
+}
+
+# wait_port_free PORT SECONDS: waits until a listener could bind PORT (port_bindable); fails
+# naming the sockets that hold it when SECONDS pass first.
 wait_port_free() {
-    local p=$1 left=$2 held
-    while :; do
-        held=$(port_sockets "$p")
-        [ -z "$held" ] && return 0
+    local p=$1 left=$2
+    while ! port_bindable "$p"; do
         if [ "$left" -le 0 ]; then
-            echo "127.0.0.1:$p is still held by: $held" >&2
+            echo "127.0.0.1:$p is still held by: $(port_sockets "$p" | head -n 5 | paste -sd ';' -)" >&2
             return 1
         fi
-        [ "$left" = "$2" ] && log "waiting for sockets on 127.0.0.1:$p to close: $held"
+        [ "$left" = "$2" ] && log "waiting for 127.0.0.1:$p to be free (held by: $(port_sockets "$p" | head -n 3 | paste -sd ';' -))"
         sleep 1; left=$((left - 1))
     done
 }

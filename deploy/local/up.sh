@@ -201,7 +201,7 @@ daemon_up() { # daemon K health-path [flags...]
         holder=$(port_holder "$p")
         [ -z "$holder" ] || die "$name cannot start: 127.0.0.1:$p is taken by $holder, which this stack did not start (a stack from another checkout? stop it with its own down.sh)"
         # A connection that got $p as its ephemeral port before the reservation above
-        # (FIN-WAIT or CLOSE-WAIT after a test run) blocks the bind until it closes.
+        # blocks the bind until it closes, and a client's for its TIME-WAIT after (60 s).
         wait_port_free "$p" 90 || die "$name cannot start: 127.0.0.1:$p is held by a connection that does not close"
     done
     start_bg "$name" "$BIN/$d" -c "$conf" "$@"
