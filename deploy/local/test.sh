@@ -25,6 +25,10 @@ ensure_pkg chromedriver chromium-driver
 # verifies deploy/systemd/ (tests/tests/deploy_configs.rs, deploy_systemd.rs).
 ensure_pkg promtool prometheus
 ensure_pkg systemd-analyze systemd
+# lib.sh's port checks (tests/tests/deploy_local_ports.rs, and up.sh): ss lists the sockets on
+# a port, perl tries the bind.
+ensure_pkg ss iproute2
+ensure_pkg perl perl-base
 
 # ---------------------------------------------------------------- the suite's MariaDB
 SUITE_DIR=$(mktemp -d /tmp/seckill-test-mariadb.XXXXXX)
