@@ -49,12 +49,9 @@ fn port_in_client_time_wait() -> u16 {
 #[test]
 fn a_port_a_client_left_in_time_wait_is_not_free_for_a_daemon() {
     let port = port_in_client_time_wait();
-    // What the daemon would do: bind with SO_REUSEADDR (tokio's TcpListener). It fails.
-    let bind = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)));
+    // What the daemon would do: bind with SO_REUSEADDR (std sets it on Unix, as tokio's
+    // TcpListener does). It fails.
+    let bind = TcpListener::bind(("127.0.0.1", port));
     assert!(
         bind.is_err(),
         "the bind this test relies on succeeded: port {port} was not held"
