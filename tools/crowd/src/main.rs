@@ -222,6 +222,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         driver::login_all(&bot_doors, &gateway, &bot_users, 4, &ProgressBar::hidden()).await;
     login_requests += r;
     login_failures += f;
+    let bots_without_login = bot_jwts.iter().filter(|j| j.is_none()).count() as u64;
     if jwts.iter().all(Option::is_none) {
         bail!("no buyer could log in through POST {gateway}/api/v1/dev/token (is dev.enabled set in the gateway config?)");
     }
@@ -318,6 +319,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         login_requests: crowd.login_requests,
         login_failures: crowd.login_failures,
         buyers_without_login: crowd.buyers_without_login,
+        bots_without_login,
         payments_applied: paid,
         payments_refused: refused,
     };

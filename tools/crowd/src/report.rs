@@ -42,6 +42,9 @@ pub struct RunInfo {
     pub login_failures: u64,
     /// Buyers whose login failed, so they never clicked.
     pub buyers_without_login: u64,
+    /// Abusive IPs whose login failed (an address still banned by an earlier run, say):
+    /// they hammer without a token, so the edge answers their requests 401 or 403.
+    pub bots_without_login: u64,
     pub payments_applied: u64,
     /// Refused payments by cause (status and code).
     pub payments_refused: BTreeMap<String, u64>,
@@ -183,8 +186,17 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "\n-- answers ({} requests on the token and reserve routes; {} login requests, {} buyers without a login)",
-            self.requests, r.login_requests, r.buyers_without_login
+            "\n-- answers ({} requests on the token and reserve routes; {} login requests, {} buyers without a login{})",
+            self.requests,
+            r.login_requests,
+            r.buyers_without_login,
+            match r.bots_without_login {
+                0 => String::new(),
+                n => format!(
+                    ", {n} of {} abusive IPs without one: they send no token",
+                    r.abusive_ips
+                ),
+            }
         );
         let _ = writeln!(
             o,
@@ -509,6 +521,7 @@ mod tests {
             login_requests: 51,
             login_failures: 0,
             buyers_without_login: 0,
+            bots_without_login: 0,
             payments_applied: 0,
             payments_refused: BTreeMap::new(),
         };
@@ -559,5 +572,20 @@ mod tests {
         assert!(t.contains("sold_out"));
         assert!(t.contains("[PASS] no_oversell"));
         assert!(t.contains("ALL CHECKS PASSED"));
+    }
+
+    #[test]
+    fn abusive_ips_that_could_not_log_in_are_named_in_the_answers_line() {
+        assert!(!sample().text().contains("abusive IPs without one"));
+        let mut r = sample();
+        r.run.abusive_ips = 3;
+        r.run.bots_without_login = 2;
+        assert!(r.text().contains(
+            "0 buyers without a login, 2 of 3 abusive IPs without one: they send no token)"
+        ));
+        assert_eq!(
+            serde_json::to_value(&r).unwrap()["run"]["bots_without_login"],
+            2
+        );
     }
 }
