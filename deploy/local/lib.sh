@@ -177,16 +177,19 @@ port_bindable() {
     [ -z "$(port_sockets "$1" | awk '$1 != "TIME-WAIT"')" ]
 }
 
+# port_held_by PORT: the first sockets of port_sockets on one line, for a message.
+port_held_by() { port_sockets "$1" | head -n 5 | paste -sd ';' -; }
+
 # wait_port_free PORT SECONDS: waits until a listener could bind PORT (port_bindable); fails
 # naming the sockets that hold it when SECONDS pass first.
 wait_port_free() {
     local p=$1 left=$2
     while ! port_bindable "$p"; do
         if [ "$left" -le 0 ]; then
-            echo "127.0.0.1:$p is still held by: $(port_sockets "$p" | head -n 5 | paste -sd ';' -)" >&2
+            echo "127.0.0.1:$p is still held by: $(port_held_by "$p")" >&2
             return 1
         fi
-        [ "$left" = "$2" ] && log "waiting for 127.0.0.1:$p to be free (held by: $(port_sockets "$p" | head -n 3 | paste -sd ';' -))"
+        [ "$left" = "$2" ] && log "waiting for 127.0.0.1:$p to be free (held by: $(port_held_by "$p"))"
         sleep 1; left=$((left - 1))
     done
 }
