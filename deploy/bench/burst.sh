@@ -89,6 +89,14 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_lua_seconds 'script="reserve"'
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_replica_ack_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size
+# The end of the sale: the buyers' rebalancing rounds, the
+# takes (one Lua call and a replica WAIT each) and the units moved, over the run.
+counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
+moves=""
+for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total; do
+    moves+=" ${m}=$(( $(counter "$m" "$OUT/stockd-after.prom") - $(counter "$m" "$OUT/stockd-before.prom") ))"
+done
+echo "moves:$moves"
 echo
 hz=$(getconf CLK_TCK)
 echo "CPU over the demo ($(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}') s wall, 2 cores = $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", 2 * (b - a)}') cpu-s):"
