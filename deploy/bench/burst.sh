@@ -89,8 +89,8 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_lua_seconds 'script="reserve"'
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_replica_ack_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size
-# The end of the sale: the buyers' rebalancing rounds, the
-# takes (one Lua call and a replica WAIT each) and the units moved, over the run.
+# The end of the sale over the run: the buyers' rebalancing rounds, the takes (one Lua call
+# and a replica WAIT each) and the units moved.
 counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
 moves=""
 for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total; do
