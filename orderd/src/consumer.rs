@@ -258,6 +258,20 @@ impl StreamConsumer {
             };
             let (entries, claimed) = match read {
                 Ok(r) => r,
+                Err(e) if e.is_no_group() => {
+                    // Redis lost the group (and likely the stream): stockd rebuilds the
+                    // shard and its next XADD makes a stream without our group, whose
+                    // entries nobody would read. Create the group again, from the
+                    // stream's start, so every reservation since is read.
+                    tracing::warn!(stream = %self.stream, cluster = %self.cluster, error = %e,
+                        "the consumer group is gone; creating it again");
+                    if !self.create_group(&shutdown).await {
+                        break;
+                    }
+                    clean = false;
+                    last_claim = None;
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(stream = %self.stream, cluster = %self.cluster, error = %e,
                         "stream read failed");

@@ -56,6 +56,13 @@ impl Error {
         }
     }
 
+    /// Redis answered `NOGROUP`: the stream or its consumer group is gone, as after
+    /// Redis lost its data (a restart without it, a flush); the reserve script's
+    /// `XADD` recreates the stream without the group.
+    pub fn is_no_group(&self) -> bool {
+        matches!(self, Error::Redis(e) if e.details().contains("NOGROUP"))
+    }
+
     pub fn invalid(field: &'static str, problem: impl Into<String>) -> Self {
         Self::InvalidArgument {
             field,

@@ -86,3 +86,61 @@ async fn with_stockd_in_front_every_unit_becomes_one_order_and_a_cancelled_unit_
     assert_eq!(count_orders(&db, "CANCELLED").await, 1);
     assert_eq!(mysql_stock(&db, s).await, 0);
 }
+
+/// Redis loses everything mid-sale (a restart without data): its streams and orderd's
+/// consumer group go too. stockd rebuilds from MySQL, and the reservations made after
+/// it still become orders, without an orderd restart.
+#[tokio::test]
+async fn reservations_after_redis_lost_its_data_still_become_orders() {
+    use seckill_tests::stockd::stock_status;
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let stockd = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let _orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
+    let activity = create_published_activity(
+        &stockd,
+        &[(100, 500)],
+        4,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )
+    .await;
+    let (a, s) = (activity.id, activity.items[0].id);
+    let mut c = stockd.stock_client().await;
+    for u in 0..10 {
+        let r = reserve(&mut c, a, s, &format!("before-{u}"), "q")
+            .await
+            .unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    }
+    wait_orders(&db, 10, Duration::from_secs(60)).await;
+
+    cluster.flush_all();
+    wait_until_async("the rebuild from MySQL", Duration::from_secs(60), || {
+        let mut c = c.clone();
+        async move {
+            matches!(stock_status(&mut c, a, s).await, Some(st) if st.available && st.remaining == 90)
+        }
+    })
+    .await;
+    let mut won = 0;
+    for u in 0..10 {
+        let user = format!("after-{u}");
+        // UNAVAILABLE while a shard is still being rebuilt: retried like a client would.
+        for _ in 0..50 {
+            match reserve(&mut c, a, s, &user, "q").await {
+                Ok(r) => {
+                    assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+                    won += 1;
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+    assert_eq!(won, 10);
+    wait_orders(&db, 20, Duration::from_secs(60)).await;
+    assert_eq!(count_orders(&db, "PENDING").await, 20);
+    assert_eq!(mysql_stock(&db, s).await, 80);
+}
