@@ -229,7 +229,7 @@ fn classify(
     mut holders: HashSet<(String, u64)>,
 ) -> (Outcomes, HashMap<u64, Vec<usize>>) {
     let mut out: Outcomes = vec![None; batch.len()];
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
     let mut wanted: HashMap<u64, Vec<usize>> = HashMap::new();
     for (k, r) in batch.iter().enumerate() {
         let id = r.rid.to_string();
@@ -246,9 +246,24 @@ fn classify(
             });
             continue;
         }
-        if !seen.insert(id) {
-            out[k] = Some(Written::Already);
-            continue;
+        match seen.get(&id) {
+            // The same entry twice in one batch (a claim and a read of it).
+            Some(&j) if batch[j].user == r.user && batch[j].request == r.request => {
+                out[k] = Some(Written::Already);
+                continue;
+            }
+            // Two buyers under one id in one batch: the collision above, before the
+            // first of them is written.
+            Some(&j) => {
+                out[k] = Some(Written::Poison(format!(
+                    "{COLLISION}: {id} is already the reservation of user {} (request {})",
+                    batch[j].user, batch[j].request
+                )));
+                continue;
+            }
+            None => {
+                seen.insert(id, k);
+            }
         }
         match items.get(&r.rid.item) {
             None => {
@@ -413,4 +428,50 @@ async fn take_units(tx: &mut Transaction<'_, MySql>, takes: &[(u64, u32)]) -> Re
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(rid: &str, user: &str, request: &str) -> Reservation {
+        Reservation {
+            rid: rid.parse().unwrap(),
+            user: user.into(),
+            request: request.into(),
+            quantity: 1,
+            ts_ms: 0,
+            trace_id: None,
+        }
+    }
+
+    #[test]
+    fn one_id_twice_in_a_batch_is_a_redelivery_only_for_the_same_buyer_and_request() {
+        let items = HashMap::from([(
+            7,
+            ItemRow {
+                activity_id: 1,
+                sale_price_cents: 100,
+                stock: 10,
+            },
+        )]);
+        let batch = [
+            entry("1-7-0-e1-1", "alice", "r1"),
+            entry("1-7-0-e1-1", "alice", "r1"),
+            // The same id for another buyer (Redis lost the first one's writes and
+            // handed the sequence out again): never silently taken for a redelivery.
+            entry("1-7-0-e1-1", "bob", "r9"),
+        ];
+        let (out, wanted) = classify(&batch, &items, &HashMap::new(), HashSet::new());
+        assert_eq!(out[0], None, "the first is written");
+        assert_eq!(wanted.get(&7), Some(&vec![0]));
+        assert_eq!(out[1], Some(Written::Already));
+        match &out[2] {
+            Some(Written::Poison(why)) => {
+                assert!(why.starts_with(COLLISION), "{why}");
+                assert!(why.contains("alice"), "{why}");
+            }
+            other => panic!("a collision, not {other:?}"),
+        }
+    }
 }
