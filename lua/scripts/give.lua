@@ -2,11 +2,18 @@
 --
 -- KEYS[1] fence   sk:{a:i}:fence
 -- KEYS[2] stock   sk:{a:i}:stock:<s>
--- ARGV: units (>= 1)
+-- ARGV[1] units (>= 1), [2] the epoch the take answered
 --
--- Returns the shard's new count, or -1 when its state is lost (the units are then
--- dropped: undersell, repaired by recompute).
-if not redis.call('GET', KEYS[1]) then
+-- Returns the shard's new count, -1 when its state is lost, or -2 when the shard is
+-- under another epoch than the take's: a rebuild opened it since the take, and counted
+-- the taken units again from MySQL (which never knew of the move). In both cases the
+-- units are dropped, which for -2 is exact and for -1 an undersell the recompute
+-- repairs; giving them would create units.
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
   return -1
+end
+if epoch ~= ARGV[2] then
+  return -2
 end
 return redis.call('INCRBY', KEYS[2], tonumber(ARGV[1]))

@@ -6,12 +6,20 @@
 --
 -- KEYS[1] stock   sk:{a:i}:stock:<s>
 -- KEYS[2] buyers  sk:{a:i}:buyers:<s>
+-- KEYS[3] fence   sk:{a:i}:fence
 -- ARGV: user, reservation id, return the units ('1', the default) or only drop the
 --       buyer record ('0': for a FAILED order, whose unit MySQL never had, so
 --       giving it back to Redis would hand out a unit that does not exist)
 --
 -- Returns {RELEASED, units left in the shard, units released} or {NOT_HELD, -1, 0}
--- (units released is 0 when only the record was dropped).
+-- (units released is 0 when only the record was dropped), or {CLOSED, -1, 0} when the
+-- shard has no fence: a rebuild closed it (or Redis lost it) and will write the buyer
+-- records and counts of its MySQL snapshot over whatever a release did now, so the
+-- release would be undone. Nothing is written; the caller retries after the reopen,
+-- when the records and counts agree with the snapshot again.
+if not redis.call('GET', KEYS[3]) then
+  return {'CLOSED', -1, 0}
+end
 local held = redis.call('HGET', KEYS[2], ARGV[1])
 if not held then
   return {'NOT_HELD', -1, 0}

@@ -4,16 +4,30 @@
 --
 -- KEYS[1] fence   sk:{a:i}:fence
 -- KEYS[2] stock   sk:{a:i}:stock:<s>
--- ARGV: wanted units (>= 1)
+-- KEYS[3] seq     sk:{a:i}:seq
+-- ARGV[1] wanted units (>= 1), [2] an epoch ('' for none) and [3] the highest
+-- sequence the caller has seen handed out in it (as for reserve.lua)
 --
--- Returns the units taken (0 when empty), or -1 when the shard's state is lost.
-if not redis.call('GET', KEYS[1]) then
-  return -1
+-- Returns {units taken (0 when empty), the shard's epoch}: the give carries the
+-- epoch, so units taken before a rebuild are not added to a shard the rebuild has
+-- already counted them into. Or {-1, ''} when the shard's state is lost, or
+-- {-2, sequence found} when the shard is behind the caller's mark under the same
+-- epoch (Redis lost writes: its count may hold units that were already sold, so
+-- nothing is taken; the caller rebuilds).
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  return {-1, ''}
+end
+if ARGV[2] == epoch then
+  local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if seq < tonumber(ARGV[3]) then
+    return {-2, seq}
+  end
 end
 local left = tonumber(redis.call('GET', KEYS[2]) or '0')
 if left <= 0 then
-  return 0
+  return {0, epoch}
 end
 local n = math.min(left, tonumber(ARGV[1]))
 redis.call('DECRBY', KEYS[2], n)
-return n
+return {n, epoch}

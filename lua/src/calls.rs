@@ -150,7 +150,11 @@ impl ReleaseCall {
     pub fn new(reservation: &ReservationId, user: &str, return_unit: bool) -> Self {
         let (a, i, s) = (reservation.activity, reservation.shard, reservation.item);
         Self {
-            keys: vec![keys::stock(a, i, s), keys::buyers(a, i, s)],
+            keys: vec![
+                keys::stock(a, i, s),
+                keys::buyers(a, i, s),
+                keys::fence(a, i),
+            ],
             args: vec![
                 user.to_string(),
                 reservation.to_string(),
@@ -175,6 +179,10 @@ pub enum Released {
     Released { left: i64, units: i64 },
     /// No buyer record names the reservation (already released, or re-bought).
     NotHeld,
+    /// The shard is closed (no fence: a rebuild is under way, or Redis lost it);
+    /// nothing was written. Retry after the reopen: a release now would be undone by
+    /// the rebuild writing its snapshot back.
+    Closed,
 }
 
 impl Released {
@@ -184,6 +192,7 @@ impl Released {
         match outcome {
             "RELEASED" => Some(Released::Released { left, units }),
             "NOT_HELD" => Some(Released::NotHeld),
+            "CLOSED" => Some(Released::Closed),
             _ => None,
         }
     }
@@ -193,18 +202,28 @@ impl Released {
 #[derive(Debug, Clone)]
 pub struct TakeCall {
     keys: Vec<String>,
-    units: u32,
+    args: Vec<String>,
 }
 
 impl TakeCall {
-    /// Takes up to `units` of `item` out of shard `donor`.
-    pub fn new(activity: ActivityId, donor: Shard, item: ItemId, units: u32) -> Self {
+    /// Takes up to `units` of `item` out of shard `donor`, unless the shard is behind
+    /// `seq`, the highest sequence the caller saw handed out there under `epoch`
+    /// (`""`, 0 for none).
+    pub fn new(
+        activity: ActivityId,
+        donor: Shard,
+        item: ItemId,
+        units: u32,
+        epoch: &str,
+        seq: u64,
+    ) -> Self {
         Self {
             keys: vec![
                 keys::fence(activity, donor),
                 keys::stock(activity, donor, item),
+                keys::seq(activity, donor),
             ],
-            units,
+            args: vec![units.to_string(), epoch.to_string(), seq.to_string()],
         }
     }
 }
@@ -212,7 +231,35 @@ impl TakeCall {
 impl Call for TakeCall {
     const SCRIPT: Script = TAKE;
     fn into_parts(self) -> (Vec<String>, Vec<String>) {
-        (self.keys, vec![self.units.to_string()])
+        (self.keys, self.args)
+    }
+}
+
+/// What TAKE answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// The shard's fence is gone: its state was lost (recompute).
+    FenceMissing,
+    /// The shard's sequence (this) is below the caller's mark under the same epoch:
+    /// Redis lost writes; nothing was taken.
+    Behind(u64),
+    /// `units` taken (0 when the shard was empty) under the shard's `epoch`, which the
+    /// give must carry.
+    Units { units: i64, epoch: String },
+}
+
+impl Taken {
+    /// Reads the answer `{n, epoch or sequence}`; `None` for one the script never gives.
+    pub fn from_reply(n: i64, second: &str) -> Option<Self> {
+        match n {
+            -1 => Some(Taken::FenceMissing),
+            -2 => second.parse().ok().map(Taken::Behind),
+            n if n >= 0 => Some(Taken::Units {
+                units: n,
+                epoch: second.to_string(),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -220,18 +267,19 @@ impl Call for TakeCall {
 #[derive(Debug, Clone)]
 pub struct GiveCall {
     keys: Vec<String>,
-    units: i64,
+    args: Vec<String>,
 }
 
 impl GiveCall {
-    /// Adds `units` of `item` (taken from another shard) to shard `home`.
-    pub fn new(activity: ActivityId, home: Shard, item: ItemId, units: i64) -> Self {
+    /// Adds `units` of `item`, taken from another shard under `epoch` (what the take
+    /// answered), to shard `home`.
+    pub fn new(activity: ActivityId, home: Shard, item: ItemId, units: i64, epoch: &str) -> Self {
         Self {
             keys: vec![
                 keys::fence(activity, home),
                 keys::stock(activity, home, item),
             ],
-            units,
+            args: vec![units.to_string(), epoch.to_string()],
         }
     }
 }
@@ -239,26 +287,29 @@ impl GiveCall {
 impl Call for GiveCall {
     const SCRIPT: Script = GIVE;
     fn into_parts(self) -> (Vec<String>, Vec<String>) {
-        (self.keys, vec![self.units.to_string()])
+        (self.keys, self.args)
     }
 }
 
-/// What TAKE or GIVE answered.
+/// What GIVE answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MoveReply {
-    /// The shard's fence is gone: its state was lost (recompute).
+pub enum Given {
+    /// The shard's fence is gone: its state was lost (recompute); the units dropped.
     FenceMissing,
-    /// TAKE: the units taken (0 when the shard was empty). GIVE: the shard's new count.
+    /// The shard is under another epoch than the take's (a rebuild counted the units
+    /// again since): the units dropped, as they must be.
+    Stale,
+    /// The shard's new count.
     Units(i64),
 }
 
-impl MoveReply {
-    /// Reads the integer answer (-1 is the lost-state answer of both scripts).
+impl Given {
+    /// Reads the integer answer.
     pub fn from_reply(n: i64) -> Self {
-        if n < 0 {
-            MoveReply::FenceMissing
-        } else {
-            MoveReply::Units(n)
+        match n {
+            -2 => Given::Stale,
+            n if n < 0 => Given::FenceMissing,
+            n => Given::Units(n),
         }
     }
 }
@@ -419,7 +470,14 @@ mod tests {
     fn a_release_call_names_the_reservation_shard_and_the_holder() {
         let rid: ReservationId = "7-11-3-e1-5".parse().unwrap();
         let (k, a) = ReleaseCall::new(&rid, "alice", true).into_parts();
-        assert_eq!(k, [keys::stock(7, 3, 11), keys::buyers(7, 3, 11)]);
+        assert_eq!(
+            k,
+            [
+                keys::stock(7, 3, 11),
+                keys::buyers(7, 3, 11),
+                keys::fence(7, 3)
+            ]
+        );
         assert_eq!(a, ["alice", "7-11-3-e1-5", "1"]);
         let (_, a) = ReleaseCall::new(&rid, "alice", false).into_parts();
         assert_eq!(a[2], "0");
@@ -431,19 +489,37 @@ mod tests {
             Released::from_reply("NOT_HELD", -1, 0),
             Some(Released::NotHeld)
         );
+        assert_eq!(
+            Released::from_reply("CLOSED", -1, 0),
+            Some(Released::Closed)
+        );
         assert_eq!(Released::from_reply("WHAT", 0, 0), None);
     }
 
     #[test]
     fn take_give_and_warm_calls_follow_their_scripts_headers() {
-        let (k, a) = TakeCall::new(7, 2, 11, 4).into_parts();
-        assert_eq!(k, [keys::fence(7, 2), keys::stock(7, 2, 11)]);
-        assert_eq!(a, ["4"]);
-        let (k, a) = GiveCall::new(7, 5, 11, 3).into_parts();
+        let (k, a) = TakeCall::new(7, 2, 11, 4, "e1", 9).into_parts();
+        assert_eq!(
+            k,
+            [keys::fence(7, 2), keys::stock(7, 2, 11), keys::seq(7, 2)]
+        );
+        assert_eq!(a, ["4", "e1", "9"]);
+        let (k, a) = GiveCall::new(7, 5, 11, 3, "e1").into_parts();
         assert_eq!(k, [keys::fence(7, 5), keys::stock(7, 5, 11)]);
-        assert_eq!(a, ["3"]);
-        assert_eq!(MoveReply::from_reply(-1), MoveReply::FenceMissing);
-        assert_eq!(MoveReply::from_reply(0), MoveReply::Units(0));
+        assert_eq!(a, ["3", "e1"]);
+        assert_eq!(Taken::from_reply(-1, ""), Some(Taken::FenceMissing));
+        assert_eq!(Taken::from_reply(-2, "12"), Some(Taken::Behind(12)));
+        assert_eq!(
+            Taken::from_reply(0, "e1"),
+            Some(Taken::Units {
+                units: 0,
+                epoch: "e1".into()
+            })
+        );
+        assert_eq!(Taken::from_reply(-3, ""), None);
+        assert_eq!(Given::from_reply(-1), Given::FenceMissing);
+        assert_eq!(Given::from_reply(-2), Given::Stale);
+        assert_eq!(Given::from_reply(5), Given::Units(5));
         let mut w = WarmCall::new(7, 1, "e9", false);
         w.push(11, 10);
         w.push(12, 0);

@@ -5,7 +5,10 @@
 //! - [`outbox_relay`]: outbox rows → the RELEASE script, straight against Redis (no
 //!   dependency on stockd being up), then the row is marked done. Exactly once: a
 //!   crash between release and mark repeats the release, which then finds no buyer
-//!   record naming the reservation (`NOT_HELD`) and changes nothing. One relay per
+//!   record naming the reservation (`NOT_HELD`) and changes nothing (but clears the
+//!   sold-out flag again, which the dead pass may not have reached). A shard closed
+//!   for a rebuild answers `CLOSED` and the row waits for the next pass, since the
+//!   rebuild would write its snapshot over a release made meanwhile. One relay per
 //!   Redis cluster, each taking only the rows of the activities placed on it, so a
 //!   cluster that is down holds up only its own returns.
 //! - [`stats`]: orders-by-state and dead-letter gauges, every 5 s.
@@ -124,7 +127,19 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
             Ok("released")
         }
         Release::Released { .. } => Ok("buyer_dropped"),
+        // Either released by an earlier pass that died (or failed to clear the flag)
+        // before it marked the row, or the record is gone for another reason. Clearing
+        // the flag is idempotent and, when the item is sold out after all, costs one
+        // reserve that sets it again; a flag left set after a unit came back would hide
+        // that unit from every buyer but those homed on its shard.
+        Release::NotHeld if reason.returns_unit() => {
+            redis.clear_sold_out(row.activity_id, row.item_id).await?;
+            Ok("not_held")
+        }
         Release::NotHeld => Ok("not_held"),
+        // A rebuild holds the shard; releasing now would be undone when it writes its
+        // MySQL snapshot back. The row stays pending and is tried again next pass.
+        Release::Closed => Err(Error::ShardClosed(rid.to_string())),
     }
 }
 

@@ -38,6 +38,9 @@ pub enum Error {
     /// `[redis.clusters.<name>]` for.
     #[error("activity {activity} is on Redis cluster `{cluster}`, which is not configured here")]
     UnknownCluster { activity: u64, cluster: String },
+    /// A stock return met its shard closed for a rebuild (no fence); tried again later.
+    #[error("the shard of {0} is closed for a rebuild; the return waits for the reopen")]
+    ShardClosed(String),
     /// A bug or an impossible state.
     #[error("internal: {0}")]
     Internal(String),
@@ -91,6 +94,7 @@ impl From<Error> for tonic::Status {
                 tracing::warn!(error = %err, "redis error answered as UNAVAILABLE");
                 tonic::Status::unavailable("redis is unavailable; retry")
             }
+            Error::ShardClosed(_) => tonic::Status::unavailable(e.to_string()),
             Error::UnknownCluster { .. } => {
                 tracing::warn!(error = %e, "answered as UNAVAILABLE");
                 tonic::Status::unavailable("the activity's stock is not reachable from here; retry")

@@ -21,7 +21,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use seckill_lua::calls::{GiveCall, MoveReply, ReleaseCall, Released, TakeCall};
+use tokio::sync::oneshot;
+
+use seckill_lua::calls::{GiveCall, Given, ReleaseCall, Released, TakeCall, Taken};
 use seckill_lua::clock::now_ms;
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
@@ -402,12 +404,15 @@ impl App {
             // The move runs in a task of its own: when the caller goes away (a client
             // deadline drops this future) between the take and the give, the give still
             // happens instead of the taken units vanishing.
+            // Held while this future waits for the task: closed if it is dropped.
+            let (_waiting, caller) = oneshot::channel::<()>();
             let task = tokio::spawn(Arc::clone(self).move_units(
                 Arc::clone(entry),
                 item,
                 donor,
                 home,
                 want,
+                caller,
             ));
             let step = task
                 .await
@@ -435,7 +440,13 @@ impl App {
     }
 
     /// One move of up to `want` units from `donor` to `home`: TAKE on the donor, then
-    /// GIVE on the home shard. Run as a task of its own (see [`Self::rebalance`]).
+    /// GIVE on the home shard. Run as a task of its own (see [`Self::rebalance`]);
+    /// `caller` is closed when the caller went away meanwhile.
+    ///
+    /// A move errs on the side of losing units, never of creating them: units taken
+    /// but not given are held back until a rebuild counts them again from MySQL, so
+    /// every way a move can end without its give (the take not on a replica, a take or
+    /// give whose outcome is unknown) starts one.
     async fn move_units(
         self: Arc<Self>,
         entry: Arc<ActivityEntry>,
@@ -443,18 +454,38 @@ impl App {
         donor: u32,
         home: u32,
         want: u32,
+        mut caller: oneshot::Receiver<()>,
     ) -> Result<Step> {
         let a = entry.id();
-        let take = TakeCall::new(a, donor, item, want);
+        let hw = entry.high_water(donor);
+        let take = TakeCall::new(a, donor, item, want, &hw.epoch, hw.seq);
         let redis = self.redis_of(&entry)?;
-        let took = redis.call_acked(take, &keys::fence(a, donor)).await?;
-        let taken = match MoveReply::from_reply(int(&took.value)?) {
-            MoveReply::FenceMissing => {
+        let took = match redis.call_acked(take, &keys::fence(a, donor)).await {
+            Ok(took) => took,
+            Err(e) => {
+                // Timed out or cut after the write: the take may have run.
+                self.trigger_recompute(&entry, Cause::Repair, "a rebalancing take failed");
+                return Err(e);
+            }
+        };
+        let parts = array(took.value)?;
+        let reply = parts
+            .first()
+            .map(int)
+            .transpose()?
+            .and_then(|n| Taken::from_reply(n, &parts.get(1).map(text).unwrap_or_default()));
+        let (taken, epoch) = match reply {
+            Some(Taken::FenceMissing) => {
                 self.trigger_recompute(&entry, Cause::Lost, "fence missing at take");
                 return Ok(Step::Lost);
             }
-            MoveReply::Units(0) => return Ok(Step::Empty),
-            MoveReply::Units(n) => n,
+            Some(Taken::Behind(found)) => {
+                self.lost_writes(&entry, donor, &hw, found);
+                return Ok(Step::Lost);
+            }
+            Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
+            Some(Taken::Units { units, epoch }) => (units, epoch),
+            None => return Err(Error::Internal(format!("take answered {parts:?}"))),
         };
         if !took.replicated {
             // No replica holds the take yet. Giving the units to the home shard now
@@ -477,14 +508,46 @@ impl App {
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
             ));
         }
-        let give = GiveCall::new(a, home, item, taken);
-        if MoveReply::from_reply(int(&redis.call(give).await?)?) == MoveReply::FenceMissing {
-            // The units are lost (undersell) until the recompute restores them.
-            self.trigger_recompute(&entry, Cause::Lost, "fence missing at give");
-            return Ok(Step::Lost);
+        let give = GiveCall::new(a, home, item, taken, &epoch);
+        let given = match redis.call(give).await.and_then(|v| int(&v)) {
+            Ok(n) => Given::from_reply(n),
+            Err(e) => {
+                // The give may not have run: the taken units would be gone for good.
+                self.trigger_recompute(&entry, Cause::Repair, "a rebalancing give failed");
+                return Err(e);
+            }
+        };
+        match given {
+            Given::FenceMissing => {
+                // The units are lost (undersell) until the recompute restores them.
+                self.trigger_recompute(&entry, Cause::Lost, "fence missing at give");
+                return Ok(Step::Lost);
+            }
+            Given::Stale => {
+                // A rebuild opened the home shard since the take and counted the taken
+                // units again: dropping them is exact.
+                tracing::info!(
+                    a,
+                    item,
+                    donor,
+                    home,
+                    taken,
+                    "rebalancing: a rebuild came between take and give; units dropped"
+                );
+                return Ok(Step::Lost);
+            }
+            Given::Units(_) => {}
         }
         self.metrics.rebalance_units.inc_by(taken as u64);
         tracing::debug!(a, item, donor, home, taken, "moved units");
+        if matches!(caller.try_recv(), Err(oneshot::error::TryRecvError::Closed)) {
+            // Nobody will reserve from these units now, and a round that ran while
+            // they were in transit may have found every shard empty and set the
+            // sold-out flag, which would hide them from every buyer.
+            if let Err(e) = self.clear_sold_out(a, item).await {
+                tracing::warn!(a, item, error = %e, "cannot clear the sold-out flag");
+            }
+        }
         Ok(Step::Moved(taken))
     }
 
@@ -589,6 +652,12 @@ impl App {
         let outcome = match outcome {
             Some(Released::Released { .. }) => Release::Released,
             Some(Released::NotHeld) => Release::NotHeld,
+            // A rebuild would write its snapshot over a release made now.
+            Some(Released::Closed) => {
+                return Err(Error::Unavailable(format!(
+                    "the shard of {reservation} is closed for a rebuild; retry"
+                )))
+            }
             None => return Err(Error::Internal(format!("release answered {parts:?}"))),
         };
         self.metrics

@@ -538,3 +538,100 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     assert_eq!(shard_stock(&redis, a, t, 1).await, [3]);
     assert_eq!(stream_len(&redis, a, 1).await, 5);
 }
+
+/// The moves' and the release's guards against a rebuild, on the scripts themselves:
+/// units taken before a rebuild are never given to a shard the rebuild counted them
+/// into (that would create them), a take refuses a shard behind the caller's mark, and
+/// a release refuses a shard the rebuild holds closed (the reopen would undo it).
+#[tokio::test]
+async fn moves_and_releases_never_cross_a_rebuild() {
+    use seckill_lua::calls::{GiveCall, ReleaseCall, TakeCall};
+    use seckill_tests::redis::call;
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    // The fence check stays out of the way: the fences are moved by hand here.
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.stock.fence_check_ms = 600_000;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(40, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
+    assert_eq!(shard_stock(&redis, a, s, 2).await, [20, 20]);
+
+    // A take answers the epoch it took under; the give carries it.
+    let took = call(&redis, TakeCall::new(a, 0, s, 3, &epoch, 0))
+        .await
+        .into_array();
+    assert_eq!(took[0].as_i64(), Some(3));
+    assert_eq!(took[1].as_string().as_deref(), Some(epoch.as_str()));
+    let given: i64 = call(&redis, GiveCall::new(a, 1, s, 3, &epoch))
+        .await
+        .as_i64()
+        .unwrap();
+    assert_eq!(given, 23);
+    assert_eq!(shard_stock(&redis, a, s, 2).await, [17, 23]);
+
+    // A take, then a rebuild reopens the home shard under a new epoch (with its own
+    // count from MySQL): the give is refused and nothing is added.
+    let took = call(&redis, TakeCall::new(a, 0, s, 2, &epoch, 0))
+        .await
+        .into_array();
+    assert_eq!(took[0].as_i64(), Some(2));
+    let newer = format!("{epoch}0");
+    let _: () = redis
+        .set(keys::fence(a, 1), &newer, None, None, false)
+        .await
+        .unwrap();
+    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    assert_eq!(given.as_i64(), Some(-2), "stale give: {given:?}");
+    assert_eq!(shard_stock(&redis, a, s, 2).await, [15, 23]);
+    // The fence gone: lost, nothing added either.
+    let _: i64 = redis.del(keys::fence(a, 1)).await.unwrap();
+    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    assert_eq!(given.as_i64(), Some(-1));
+    assert_eq!(shard_stock(&redis, a, s, 2).await, [15, 23]);
+
+    // A take below the caller's high-water mark under the same epoch (Redis lost
+    // writes): nothing taken, the sequence found answered.
+    let seq: Option<i64> = redis.get(keys::seq(a, 0)).await.unwrap();
+    let seq = seq.unwrap_or(0);
+    let took = call(&redis, TakeCall::new(a, 0, s, 2, &epoch, seq as u64 + 4))
+        .await
+        .into_array();
+    assert_eq!(took[0].as_i64(), Some(-2));
+    assert_eq!(took[1].as_i64(), Some(seq));
+    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+
+    // A release while the shard is closed: refused, the record and count untouched.
+    let mut c = h.stock_client().await;
+    let user = user_on_shard("holder", 0, 2);
+    let r = reserve(&mut c, a, s, &user, "r1").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    let rid: seckill_lua::ReservationId = r.reservation_id.parse().unwrap();
+    let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
+    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+        .await
+        .into_array();
+    assert_eq!(v[0].as_string().as_deref(), Some("CLOSED"), "{v:?}");
+    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 14);
+    let held: Option<String> = redis.hget(keys::buyers(a, 0, s), &user).await.unwrap();
+    assert!(held.is_some_and(|h| h.starts_with(&r.reservation_id)));
+    // Open again: the release goes through, once.
+    let _: () = redis
+        .set(keys::fence(a, 0), &epoch, None, None, false)
+        .await
+        .unwrap();
+    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+        .await
+        .into_array();
+    assert_eq!(v[0].as_string().as_deref(), Some("RELEASED"));
+    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+        .await
+        .into_array();
+    assert_eq!(v[0].as_string().as_deref(), Some("NOT_HELD"));
+    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+}
