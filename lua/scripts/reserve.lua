@@ -32,8 +32,9 @@
 -- (the fence is there but the sequence is below one already handed out under the same
 -- epoch: Redis lost writes, as after a failover to a lagging replica or a restart that
 -- dropped the last second of its AOF; the caller must recompute; the third field is
--- the sequence found). LOST and BEHIND from the fence check answer every reservation
--- of the call, and nothing is written.
+-- the sequence found; also when the shard is under an epoch older than the caller's,
+-- with 0). LOST and BEHIND from the fence check answer every reservation of the call,
+-- and nothing is written.
 --
 -- A call that answers RETRY and writes nothing else rewrites the fence with its own
 -- value: the caller's `WAIT` counts replicas up to the last write of its connection,
@@ -56,6 +57,14 @@ end
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return every('LOST', -1)
+end
+-- The shard under an epoch older than the caller's (epochs are base-36 times: longer
+-- is newer, equal lengths compare as text): Redis went back to before a rebuild the
+-- caller saw open (a failover to a replica that lacked it). Every sequence of the
+-- caller's epoch is gone: BEHIND with 0 found, nothing written.
+local mine = ARGV[4]
+if mine ~= '' and mine ~= epoch and (#mine > #epoch or (#mine == #epoch and mine > epoch)) then
+  return every('BEHIND', 0)
 end
 -- The shard's sequence, read once (nil until needed) and handed out locally.
 local seq = nil

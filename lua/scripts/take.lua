@@ -12,13 +12,19 @@
 -- epoch, so units taken before a rebuild are not added to a shard the rebuild has
 -- already counted them into. Or {-1, ''} when the shard's state is lost, or
 -- {-2, sequence found} when the shard is behind the caller's mark under the same
--- epoch (Redis lost writes: its count may hold units that were already sold, so
--- nothing is taken; the caller rebuilds).
+-- epoch, or {-2, 0} under an older epoch than the caller's (Redis lost writes: its
+-- count may hold units that were already sold, so nothing is taken; the caller
+-- rebuilds).
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return {-1, ''}
 end
-if ARGV[2] == epoch then
+local mine = ARGV[2]
+if mine ~= '' and mine ~= epoch and (#mine > #epoch or (#mine == #epoch and mine > epoch)) then
+  -- Older than the caller's epoch: Redis went back to before a rebuild (reserve.lua).
+  return {-2, 0}
+end
+if mine == epoch then
   local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
   if seq < tonumber(ARGV[3]) then
     return {-2, seq}

@@ -65,6 +65,15 @@ impl App {
             if fence.as_deref() == Some(hw.epoch.as_str()) && *seq < hw.seq {
                 self.lost_writes(entry, i as u32, hw, *seq);
                 behind = true;
+            } else if fence
+                .as_deref()
+                .is_some_and(|f| crate::shard::epoch_newer(&hw.epoch, f))
+            {
+                // Under an older epoch than one this process saw open: Redis went back
+                // to before a rebuild (a failover to a replica that lacked it), and
+                // every sequence of the newer epoch is gone.
+                self.lost_writes(entry, i as u32, hw, 0);
+                behind = true;
             }
         }
         if behind {

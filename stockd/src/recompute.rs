@@ -318,11 +318,28 @@ impl App {
                 let b = buyers[i as usize].remove(&s).unwrap_or_default();
                 open.push(s, counts[&s][i as usize], b);
             }
-            if !RebuildCall::applied(int(&self.redis_at(a).await?.call(open).await?)?) {
+            // Acknowledged by a replica like a reservation: a failover to a replica
+            // that lacked the open would bring the shard back as it was before the
+            // close, under the old epoch. Not acknowledged: this rebuild fails and is
+            // tried again (under a newer token and epoch).
+            let opened = self
+                .redis_at(a)
+                .await?
+                .call_acked(open, &keys::fence(a, i))
+                .await?;
+            if !RebuildCall::applied(int(&opened.value)?) {
                 return Err(Error::Unavailable(format!(
                     "activity {a} shard {i}: a newer rebuild owns it"
                 )));
             }
+            if !opened.replicated {
+                return Err(Error::Unavailable(format!(
+                    "activity {a} shard {i}: the rebuild's open is not on a replica"
+                )));
+            }
+            // The mark moves to the new epoch at once, so a shard found under an older
+            // one later (that failover) is taken for lost writes, not served.
+            entry.saw(i, &epoch, 0, false);
         }
         for r in &report {
             if r.stock == 0 {

@@ -605,6 +605,22 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     assert_eq!(took[1].as_i64(), Some(seq));
     assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
 
+    // The shard under an older epoch than the caller saw open (Redis went back to
+    // before a rebuild): the reserve and the take answer BEHIND with 0, nothing written.
+    let ahead = format!("{epoch}0");
+    let mut call1 = ReserveCall::new(a, 0, 1_700_000_000_000, &ahead, 0, 1);
+    call1.push(s, user_id("zoe"), request_id("r1"));
+    let got = reserve_call(&redis, call1).await;
+    assert_eq!(got, [("BEHIND".into(), String::new(), 0)]);
+    let took = call(&redis, TakeCall::new(a, 0, s, 2, &ahead, 0))
+        .await
+        .into_array();
+    assert_eq!(took[0].as_i64(), Some(-2));
+    assert_eq!(took[1].as_i64(), Some(0));
+    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+    let zoe: Option<String> = redis.hget(keys::buyers(a, 0, s), "zoe").await.unwrap();
+    assert_eq!(zoe, None);
+
     // A release while the shard is closed: refused, the record and count untouched.
     let mut c = h.stock_client().await;
     let user = user_on_shard("holder", 0, 2);
