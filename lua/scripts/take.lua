@@ -10,7 +10,8 @@
 --
 -- Returns {units taken (0 when empty), the shard's epoch}: the give carries the
 -- epoch, so units taken before a rebuild are not added to a shard the rebuild has
--- already counted them into. Or {-1, ''} when the shard's state is lost, or
+-- already counted them into. Or {-1, ''} when the shard's state is lost (no fence, or
+-- no stock key), or
 -- {-2, sequence found} when the shard is behind the caller's mark under the same
 -- epoch, or {-2, 0} under an older epoch than the caller's (Redis lost writes: its
 -- count may hold units that were already sold, so nothing is taken; the caller
@@ -30,7 +31,12 @@ if mine == epoch then
     return {-2, seq}
   end
 end
-local left = tonumber(redis.call('GET', KEYS[2]) or '0')
+local left = tonumber(redis.call('GET', KEYS[2]))
+if not left then
+  -- The stock key is gone (evicted, deleted) though the fence is there: lost state,
+  -- as reserve.lua answers it; an empty shard always holds 0.
+  return {-1, ''}
+end
 if left <= 0 then
   return {0, epoch}
 end

@@ -588,6 +588,25 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
     assert_eq!(given.as_i64(), Some(-2), "stale give: {given:?}");
     assert_eq!(shard_stock(&redis, a, s, 2).await, [15, 23]);
+    // The stock key gone (fence in place): lost for the give and the take alike,
+    // never a key made of the moved units alone.
+    let _: () = redis
+        .set(keys::fence(a, 1), &epoch, None, None, false)
+        .await
+        .unwrap();
+    let _: i64 = redis.del(keys::stock(a, 1, s)).await.unwrap();
+    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    assert_eq!(given.as_i64(), Some(-1));
+    let took = call(&redis, TakeCall::new(a, 1, s, 2, &epoch, 0))
+        .await
+        .into_array();
+    assert_eq!(took[0].as_i64(), Some(-1));
+    let gone: Option<i64> = redis.get(keys::stock(a, 1, s)).await.unwrap();
+    assert_eq!(gone, None);
+    let _: () = redis
+        .set(keys::stock(a, 1, s), 23, None, None, false)
+        .await
+        .unwrap();
     // The fence gone: lost, nothing added either.
     let _: i64 = redis.del(keys::fence(a, 1)).await.unwrap();
     let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
