@@ -2,14 +2,16 @@
 --
 -- KEYS[1] fence   sk:{a:i}:fence
 -- KEYS[2] stock   sk:{a:i}:stock:<s>
--- ARGV[1] units (>= 1), [2] the epoch the take answered
+-- ARGV[1] units (>= 1), [2] this shard's fence (epoch) as the mover read it before
+--         its take
 --
 -- Returns the shard's new count, -1 when its state is lost (no fence or no stock
--- key), or -2 when the shard is
--- under another epoch than the take's: a rebuild opened it since the take, and counted
--- the taken units again from MySQL (which never knew of the move). In both cases the
--- units are dropped, which for -2 is exact and for -1 an undersell the recompute
--- repairs; giving them would create units.
+-- key), or -2 when the shard is under another epoch than the mover read: a rebuild
+-- reopened it since, and if that was after the take it counted the taken units again
+-- from MySQL (which never knew of the move). The units are dropped in every case:
+-- giving them could create units; the caller starts a rebuild for the cases where
+-- dropping them loses some. (Comparing with this shard's own fence, not the donor's,
+-- keeps moves working between shards warmed under different epochs.)
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return -1

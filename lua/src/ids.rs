@@ -98,9 +98,32 @@ pub fn epoch_from_millis(ms: u64) -> String {
     String::from_utf8(out).expect("ASCII digits")
 }
 
+/// The unix-ms time an epoch was made from ([`epoch_from_millis`]); `None` for text
+/// that is not one.
+pub fn epoch_millis(epoch: &str) -> Option<u64> {
+    if epoch.is_empty()
+        || !epoch
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    {
+        return None;
+    }
+    u64::from_str_radix(epoch, 36).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_epoch_reads_back_as_its_time_and_orders_like_it() {
+        for ms in [0, 35, 36, 1_700_000_000_000, 1_800_000_000_123] {
+            assert_eq!(epoch_millis(&epoch_from_millis(ms)), Some(ms));
+        }
+        assert_eq!(epoch_millis(""), None);
+        assert_eq!(epoch_millis("+1"), None);
+        assert_eq!(epoch_millis("AB"), None);
+    }
 
     #[test]
     fn an_id_round_trips_through_its_text() {

@@ -69,7 +69,9 @@ pub async fn outbox_relay(
 ) {
     loop {
         match relay_once(&db, &cluster, &metrics, batch).await {
-            Ok(n) if n as u32 == batch && !shutdown.is_fired() => continue,
+            // A full batch all relayed: more may be waiting. A pass with failures pauses
+            // (a shard closed for a rebuild would otherwise be asked again at once).
+            Ok((n, 0)) if n as u32 == batch && !shutdown.is_fired() => continue,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(cluster = %cluster.name, error = %e, "outbox relay pass failed")
@@ -82,16 +84,17 @@ pub async fn outbox_relay(
 }
 
 /// One pass over the pending outbox rows of `cluster`'s activities; returns how many it
-/// handled. A Redis failure ends the pass with that error (the cluster is likely down:
+/// handled and how many of those failed (left pending). A Redis failure ends the pass with that error (the cluster is likely down:
 /// the other rows would each wait out the command deadline); they are tried next pass.
 pub async fn relay_once(
     db: &Db,
     cluster: &Cluster,
     metrics: &Metrics,
     batch: u32,
-) -> Result<usize> {
+) -> Result<(usize, usize)> {
     let rows = db.pending_returns(&cluster.outbox(), batch).await?;
     let n = rows.len();
+    let mut failed = 0;
     for row in rows {
         match relay_row(&cluster.redis, &row).await {
             Ok(outcome) => {
@@ -99,6 +102,7 @@ pub async fn relay_once(
                 db.mark_returned(row.id).await?;
             }
             Err(e) => {
+                failed += 1;
                 db.mark_return_failed(row.id, &e.to_string()).await?;
                 if matches!(e, Error::Redis(_)) {
                     return Err(e);
@@ -108,7 +112,7 @@ pub async fn relay_once(
             }
         }
     }
-    Ok(n)
+    Ok((n, failed))
 }
 
 async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
@@ -137,6 +141,9 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
             Ok("not_held")
         }
         Release::NotHeld => Ok("not_held"),
+        // The sale is over, and nothing rebuilds an ended activity's shards (Redis lost
+        // them): there is nobody left to sell the unit to, and MySQL holds it.
+        Release::Closed if row.ended() => Ok("closed_sale_over"),
         // A rebuild holds the shard; releasing now would be undone when it writes its
         // MySQL snapshot back. The row stays pending and is tried again next pass.
         Release::Closed => Err(Error::ShardClosed(rid.to_string())),

@@ -394,7 +394,21 @@ impl App {
         let a = entry.id();
         let shards = entry.shards();
         let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
-        let held = Box::pin(self.shard_stock(a, item, shards)).await?;
+        // The home shard's fence, read before any take: a give adds units only to a
+        // shard still under it (a rebuild in between counted them again from MySQL).
+        let redis = self.redis_of(entry)?;
+        let (held, home_fence) = futures::future::try_join(
+            Box::pin(self.shard_stock(a, item, shards)),
+            redis.mget(vec![keys::fence(a, home)]),
+        )
+        .await?;
+        let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
+            self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
+            return Err(Error::Unavailable(format!(
+                "activity {a} lost its Redis state; rebuilding from MySQL"
+            )));
+        };
+        let home_epoch: Arc<str> = home_epoch.into();
         let donors = donor_order(&held, home, start);
         let mut moved = 0i64;
         for donor in donors {
@@ -411,6 +425,7 @@ impl App {
                 item,
                 donor,
                 home,
+                Arc::clone(&home_epoch),
                 want,
                 caller,
             ));
@@ -453,6 +468,7 @@ impl App {
         item: u64,
         donor: u32,
         home: u32,
+        home_epoch: Arc<str>,
         want: u32,
         mut caller: oneshot::Receiver<()>,
     ) -> Result<Step> {
@@ -508,7 +524,7 @@ impl App {
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
             ));
         }
-        let give = GiveCall::new(a, home, item, taken, &epoch);
+        let give = GiveCall::new(a, home, item, taken, &home_epoch);
         let given = match redis.call(give).await.and_then(|v| int(&v)) {
             Ok(n) => Given::from_reply(n),
             Err(e) => {
@@ -524,16 +540,13 @@ impl App {
                 return Ok(Step::Lost);
             }
             Given::Stale => {
-                // A rebuild opened the home shard since the take and counted the taken
-                // units again: dropping them is exact.
-                tracing::info!(
-                    a,
-                    item,
-                    donor,
-                    home,
-                    taken,
-                    "rebalancing: a rebuild came between take and give; units dropped"
-                );
+                // A rebuild opened the home shard since the move read its fence. If it
+                // came after the take, it counted the taken units again and dropping them
+                // is exact; if before, they are lost until a rebuild counts them back:
+                // one is started (rare: a rebuild in the middle of a move).
+                tracing::warn!(a, item, donor, home, taken, %epoch, home_epoch = %home_epoch,
+                    "rebalancing: a rebuild came between the move's read and its give; units dropped");
+                self.trigger_recompute(&entry, Cause::Repair, "a rebuild came during a move");
                 return Ok(Step::Lost);
             }
             Given::Units(_) => {}

@@ -477,3 +477,99 @@ async fn a_deadlock_victim_is_recognised_as_safe_to_run_again() {
     assert!(victim.is_deadlock(), "{victim:?}");
     assert!(!orderd::error::Error::NotFound("order").is_deadlock());
 }
+
+/// A cancel whose shard is closed for a rebuild (no fence): the relay leaves the return
+/// pending, because the rebuild's reopen would write its snapshot (the buyer record,
+/// the count without the unit) over a release made now, and releases it once the shard
+/// is open again. A closed shard of a sale that is over is let go: nothing rebuilds it
+/// and nobody can buy the unit.
+#[tokio::test]
+async fn a_return_waits_while_its_shard_is_closed_for_a_rebuild() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
+    let mut client = orderd.order_client().await;
+    let r1 = reserve_direct(&redis, a, s, 1, "bob", "req").await;
+    let r2 = reserve_direct(&redis, a, s, 1, "dan", "req").await;
+    assert_eq!(
+        (r1.outcome.as_str(), r2.outcome.as_str()),
+        ("RESERVED", "RESERVED")
+    );
+    wait_orders(&db, 2, Duration::from_secs(30)).await;
+    assert_eq!(redis_stock(&redis, a, s, 1).await, 3);
+
+    // The shard closes (REBUILD close deletes the fence), then bob cancels.
+    let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
+    let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
+    let cancel = |order: String, user: &str| pb::CancelRequest {
+        order_id: order,
+        user_id: user.into(),
+    };
+    let done = client
+        .cancel(cancel(r1.rid.clone(), "bob"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    wait_until_async(
+        "the relay tried the closed shard",
+        Duration::from_secs(30),
+        || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM stock_return_outbox WHERE done_at IS NULL AND attempts >= 2",
+            )
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+            n == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        redis_stock(&redis, a, s, 1).await,
+        3,
+        "nothing released meanwhile"
+    );
+    let held: Option<String> = redis.hget(keys::buyers(a, 0, s), "bob").await.unwrap();
+    assert!(held.is_some_and(|h| h.starts_with(&r1.rid)));
+
+    // Open again: the return goes through, once.
+    let _: () = redis
+        .set(keys::fence(a, 0), &epoch, None, None, false)
+        .await
+        .unwrap();
+    outbox_drained(&db).await;
+    assert_eq!(redis_stock(&redis, a, s, 1).await, 4);
+    let held: Option<String> = redis.hget(keys::buyers(a, 0, s), "bob").await.unwrap();
+    assert_eq!(held, None);
+
+    // The sale over and the shard closed (Redis lost it; nothing rebuilds an ended
+    // activity): dan's cancel is let go instead of waiting for ever.
+    sqlx::query("UPDATE activities SET end_at = FROM_UNIXTIME(? / 1000) WHERE id = ?")
+        .bind(seckill_tests::orderd::chrono_now_ms() - 1000)
+        .bind(a)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
+    let done = client
+        .cancel(cancel(r2.rid.clone(), "dan"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    outbox_drained(&db).await;
+    assert_eq!(
+        orderd
+            .metrics
+            .stock_returns
+            .with_label_values(&["closed_sale_over"])
+            .get(),
+        1
+    );
+    assert_eq!(mysql_stock(&db, s).await, 5, "both units are back in MySQL");
+}

@@ -670,3 +670,41 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     assert_eq!(v[0].as_string().as_deref(), Some("NOT_HELD"));
     assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
 }
+
+/// Shards of one activity under different epochs (a publish that warmed some shards,
+/// failed, and warmed the rest on its retry under a new epoch): moves between them
+/// still carry units, and every unit sells once.
+#[tokio::test]
+async fn moves_work_between_shards_warmed_under_different_epochs() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.stock.fence_check_ms = 600_000;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(20, 500)], 2, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let epoch: String = redis.get(keys::fence(a, 1)).await.unwrap();
+    let _: () = redis
+        .set(keys::fence(a, 1), format!("{epoch}1"), None, None, false)
+        .await
+        .unwrap();
+    let mut c = h.stock_client().await;
+    let mut won = 0;
+    for k in 0..25 {
+        let user = user_on_shard(&format!("mixed-{k}"), 0, 2);
+        let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+        match r.outcome() {
+            ReserveOutcome::Reserved => won += 1,
+            ReserveOutcome::SoldOut => {}
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        won, 20,
+        "the 10 units of shard 1 moved to the buyers of shard 0"
+    );
+    assert_eq!(shard_stock(&redis, a, s, 2).await, [0, 0]);
+}

@@ -15,6 +15,16 @@ pub struct OutboxRow {
     pub item_id: u64,
     pub user_id: String,
     pub reason: String,
+    /// 1 when the activity's sale is over (or MySQL does not know the activity):
+    /// nothing can sell a returned unit any more. See [`OutboxRow::ended`].
+    pub sale_over: i64,
+}
+
+impl OutboxRow {
+    /// The activity's sale is over (or MySQL does not know the activity).
+    pub fn ended(&self) -> bool {
+        self.sale_over != 0
+    }
 }
 
 /// Whose outbox rows one relay loop takes: those of the activities placed on one Redis
@@ -30,29 +40,35 @@ pub enum OnCluster {
 }
 
 impl Db {
-    /// Outbox rows not yet relayed of the activities on `cluster`, oldest first. Rows of
+    /// Outbox rows not yet relayed of the activities on `cluster`, those tried fewest
+    /// times first, then oldest first (a row that keeps failing, e.g. on a shard closed
+    /// for a long rebuild, does not hold up the rows behind it). Rows of
     /// an activity on a cluster this orderd is not configured with are nobody's: they
     /// wait (discovery warns about the activity).
     pub async fn pending_returns(&self, cluster: &OnCluster, limit: u32) -> Result<Vec<OutboxRow>> {
         let rows = match cluster {
             OnCluster::Default => {
                 sqlx::query_as::<_, OutboxRow>(
-                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason \
+                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason, \
+                     CAST(COALESCE(a.end_at <= ?, TRUE) AS SIGNED) AS sale_over \
                      FROM stock_return_outbox o LEFT JOIN activities a ON a.id = o.activity_id \
                      WHERE o.done_at IS NULL AND COALESCE(a.redis_cluster, '') IN ('', 'default') \
-                     ORDER BY o.id LIMIT ?",
+                     ORDER BY o.attempts, o.id LIMIT ?",
                 )
+                .bind(now())
                 .bind(limit)
                 .fetch_all(&self.pool)
                 .await?
             }
             OnCluster::Named(name) => {
                 sqlx::query_as::<_, OutboxRow>(
-                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason \
+                    "SELECT o.id, o.order_id, o.activity_id, o.item_id, o.user_id, o.reason, \
+                     CAST(a.end_at <= ? AS SIGNED) AS sale_over \
                      FROM stock_return_outbox o JOIN activities a ON a.id = o.activity_id \
                      WHERE o.done_at IS NULL AND a.redis_cluster = ? \
-                     ORDER BY o.id LIMIT ?",
+                     ORDER BY o.attempts, o.id LIMIT ?",
                 )
+                .bind(now())
                 .bind(name)
                 .bind(limit)
                 .fetch_all(&self.pool)
