@@ -87,6 +87,16 @@ pub enum Release {
     NotHeld,
 }
 
+/// One rebalancing move: up to `want` units of `item` from shard `donor` to shard
+/// `home`, whose fence read `home_epoch` before the take.
+struct Move {
+    item: u64,
+    donor: u32,
+    home: u32,
+    home_epoch: Arc<str>,
+    want: u32,
+}
+
 /// One rebalancing move's result.
 enum Step {
     /// The donor had nothing.
@@ -422,11 +432,13 @@ impl App {
             let (_waiting, caller) = oneshot::channel::<()>();
             let task = tokio::spawn(Arc::clone(self).move_units(
                 Arc::clone(entry),
-                item,
-                donor,
-                home,
-                Arc::clone(&home_epoch),
-                want,
+                Move {
+                    item,
+                    donor,
+                    home,
+                    home_epoch: Arc::clone(&home_epoch),
+                    want,
+                },
                 caller,
             ));
             let step = task
@@ -454,7 +466,7 @@ impl App {
         })
     }
 
-    /// One move of up to `want` units from `donor` to `home`: TAKE on the donor, then
+    /// One [`Move`] of up to `want` units from `donor` to `home`: TAKE on the donor, then
     /// GIVE on the home shard. Run as a task of its own (see [`Self::rebalance`]);
     /// `caller` is closed when the caller went away meanwhile.
     ///
@@ -465,13 +477,16 @@ impl App {
     async fn move_units(
         self: Arc<Self>,
         entry: Arc<ActivityEntry>,
-        item: u64,
-        donor: u32,
-        home: u32,
-        home_epoch: Arc<str>,
-        want: u32,
+        m: Move,
         mut caller: oneshot::Receiver<()>,
     ) -> Result<Step> {
+        let Move {
+            item,
+            donor,
+            home,
+            home_epoch,
+            want,
+        } = m;
         let a = entry.id();
         let hw = entry.high_water(donor);
         let take = TakeCall::new(a, donor, item, want, &hw.epoch, hw.seq);
