@@ -539,6 +539,40 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
     assert_eq!(stream_len(&redis, a, 1).await, 5);
 }
 
+/// One item of `units` on two shards, with stockd's fence check out of the way: the
+/// tests using it move the fences by hand.
+struct FencesByHand {
+    stockd: StockdHandle,
+    redis: Client,
+    a: u64,
+    s: u64,
+    _db: TestDb,
+    _cluster: RedisCluster,
+}
+
+impl FencesByHand {
+    async fn start(units: u32) -> Self {
+        init_tracing();
+        let cluster = RedisCluster::start();
+        let db = TestDb::create().await;
+        let stockd = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+            c.stock.fence_check_ms = 600_000;
+        })
+        .await;
+        let act =
+            create_published_activity(&stockd, &[(units, 500)], 2, Duration::ZERO, HOUR).await;
+        let redis = cluster.client().await;
+        Self {
+            a: act.id,
+            s: act.items[0].id,
+            stockd,
+            redis,
+            _db: db,
+            _cluster: cluster,
+        }
+    }
+}
+
 /// The moves' and the release's guards against a rebuild, on the scripts themselves:
 /// units taken before a rebuild are never given to a shard the rebuild counted them
 /// into (that would create them), a take refuses a shard behind the caller's mark, and
@@ -547,17 +581,8 @@ async fn one_reserve_call_decides_each_of_its_reservations_in_order_as_if_alone(
 async fn moves_and_releases_never_cross_a_rebuild() {
     use seckill_lua::calls::{GiveCall, ReleaseCall, TakeCall};
     use seckill_tests::redis::call;
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    // The fence check stays out of the way: the fences are moved by hand here.
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.stock.fence_check_ms = 600_000;
-    })
-    .await;
-    let act = create_published_activity(&h, &[(40, 500)], 2, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let redis = cluster.client().await;
+    let sale = FencesByHand::start(40).await;
+    let (h, redis, a, s) = (&sale.stockd, &sale.redis, sale.a, sale.s);
     let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
     assert_eq!(shard_stock(&redis, a, s, 2).await, [20, 20]);
 
@@ -676,16 +701,8 @@ async fn moves_and_releases_never_cross_a_rebuild() {
 /// still carry units, and every unit sells once.
 #[tokio::test]
 async fn moves_work_between_shards_warmed_under_different_epochs() {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.stock.fence_check_ms = 600_000;
-    })
-    .await;
-    let act = create_published_activity(&h, &[(20, 500)], 2, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let redis = cluster.client().await;
+    let sale = FencesByHand::start(20).await;
+    let (h, redis, a, s) = (&sale.stockd, &sale.redis, sale.a, sale.s);
     let epoch: String = redis.get(keys::fence(a, 1)).await.unwrap();
     let _: () = redis
         .set(keys::fence(a, 1), format!("{epoch}1"), None, None, false)
