@@ -584,24 +584,24 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     let sale = FencesByHand::start(40).await;
     let (h, redis, a, s) = (&sale.stockd, &sale.redis, sale.a, sale.s);
     let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
-    assert_eq!(shard_stock(&redis, a, s, 2).await, [20, 20]);
+    assert_eq!(shard_stock(redis, a, s, 2).await, [20, 20]);
 
     // A take answers the epoch it took under; the give carries it.
-    let took = call(&redis, TakeCall::new(a, 0, s, 3, &epoch, 0))
+    let took = call(redis, TakeCall::new(a, 0, s, 3, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(3));
     assert_eq!(took[1].as_string().as_deref(), Some(epoch.as_str()));
-    let given: i64 = call(&redis, GiveCall::new(a, 1, s, 3, &epoch))
+    let given: i64 = call(redis, GiveCall::new(a, 1, s, 3, &epoch))
         .await
         .as_i64()
         .unwrap();
     assert_eq!(given, 23);
-    assert_eq!(shard_stock(&redis, a, s, 2).await, [17, 23]);
+    assert_eq!(shard_stock(redis, a, s, 2).await, [17, 23]);
 
     // A take, then a rebuild reopens the home shard under a new epoch (with its own
     // count from MySQL): the give is refused and nothing is added.
-    let took = call(&redis, TakeCall::new(a, 0, s, 2, &epoch, 0))
+    let took = call(redis, TakeCall::new(a, 0, s, 2, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(2));
@@ -610,9 +610,9 @@ async fn moves_and_releases_never_cross_a_rebuild() {
         .set(keys::fence(a, 1), &newer, None, None, false)
         .await
         .unwrap();
-    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    let given = call(redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
     assert_eq!(given.as_i64(), Some(-2), "stale give: {given:?}");
-    assert_eq!(shard_stock(&redis, a, s, 2).await, [15, 23]);
+    assert_eq!(shard_stock(redis, a, s, 2).await, [15, 23]);
     // The stock key gone (fence in place): lost for the give and the take alike,
     // never a key made of the moved units alone.
     let _: () = redis
@@ -620,9 +620,9 @@ async fn moves_and_releases_never_cross_a_rebuild() {
         .await
         .unwrap();
     let _: i64 = redis.del(keys::stock(a, 1, s)).await.unwrap();
-    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    let given = call(redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
     assert_eq!(given.as_i64(), Some(-1));
-    let took = call(&redis, TakeCall::new(a, 1, s, 2, &epoch, 0))
+    let took = call(redis, TakeCall::new(a, 1, s, 2, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-1));
@@ -634,34 +634,34 @@ async fn moves_and_releases_never_cross_a_rebuild() {
         .unwrap();
     // The fence gone: lost, nothing added either.
     let _: i64 = redis.del(keys::fence(a, 1)).await.unwrap();
-    let given = call(&redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
+    let given = call(redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
     assert_eq!(given.as_i64(), Some(-1));
-    assert_eq!(shard_stock(&redis, a, s, 2).await, [15, 23]);
+    assert_eq!(shard_stock(redis, a, s, 2).await, [15, 23]);
 
     // A take below the caller's high-water mark under the same epoch (Redis lost
     // writes): nothing taken, the sequence found answered.
     let seq: Option<i64> = redis.get(keys::seq(a, 0)).await.unwrap();
     let seq = seq.unwrap_or(0);
-    let took = call(&redis, TakeCall::new(a, 0, s, 2, &epoch, seq as u64 + 4))
+    let took = call(redis, TakeCall::new(a, 0, s, 2, &epoch, seq as u64 + 4))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-2));
     assert_eq!(took[1].as_i64(), Some(seq));
-    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+    assert_eq!(shard_stock(redis, a, s, 2).await[0], 15);
 
     // The shard under an older epoch than the caller saw open (Redis went back to
     // before a rebuild): the reserve and the take answer BEHIND with 0, nothing written.
     let ahead = format!("{epoch}0");
     let mut call1 = ReserveCall::new(a, 0, 1_700_000_000_000, &ahead, 0, 1);
     call1.push(s, user_id("zoe"), request_id("r1"));
-    let got = reserve_call(&redis, call1).await;
+    let got = reserve_call(redis, call1).await;
     assert_eq!(got, [("BEHIND".into(), String::new(), 0)]);
-    let took = call(&redis, TakeCall::new(a, 0, s, 2, &ahead, 0))
+    let took = call(redis, TakeCall::new(a, 0, s, 2, &ahead, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-2));
     assert_eq!(took[1].as_i64(), Some(0));
-    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+    assert_eq!(shard_stock(redis, a, s, 2).await[0], 15);
     let zoe: Option<String> = redis.hget(keys::buyers(a, 0, s), "zoe").await.unwrap();
     assert_eq!(zoe, None);
 
@@ -672,11 +672,11 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
     let rid: seckill_lua::ReservationId = r.reservation_id.parse().unwrap();
     let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
-    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+    let v = call(redis, ReleaseCall::new(&rid, &user, true))
         .await
         .into_array();
     assert_eq!(v[0].as_string().as_deref(), Some("CLOSED"), "{v:?}");
-    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 14);
+    assert_eq!(shard_stock(redis, a, s, 2).await[0], 14);
     let held: Option<String> = redis.hget(keys::buyers(a, 0, s), &user).await.unwrap();
     assert!(held.is_some_and(|h| h.starts_with(&r.reservation_id)));
     // Open again: the release goes through, once.
@@ -684,16 +684,16 @@ async fn moves_and_releases_never_cross_a_rebuild() {
         .set(keys::fence(a, 0), &epoch, None, None, false)
         .await
         .unwrap();
-    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+    let v = call(redis, ReleaseCall::new(&rid, &user, true))
         .await
         .into_array();
     assert_eq!(v[0].as_string().as_deref(), Some("RELEASED"));
-    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
-    let v = call(&redis, ReleaseCall::new(&rid, &user, true))
+    assert_eq!(shard_stock(redis, a, s, 2).await[0], 15);
+    let v = call(redis, ReleaseCall::new(&rid, &user, true))
         .await
         .into_array();
     assert_eq!(v[0].as_string().as_deref(), Some("NOT_HELD"));
-    assert_eq!(shard_stock(&redis, a, s, 2).await[0], 15);
+    assert_eq!(shard_stock(redis, a, s, 2).await[0], 15);
 }
 
 /// Shards of one activity under different epochs (a publish that warmed some shards,
@@ -723,5 +723,5 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
         won, 20,
         "the 10 units of shard 1 moved to the buyers of shard 0"
     );
-    assert_eq!(shard_stock(&redis, a, s, 2).await, [0, 0]);
+    assert_eq!(shard_stock(redis, a, s, 2).await, [0, 0]);
 }
