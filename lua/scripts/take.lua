@@ -8,8 +8,8 @@
 -- ARGV[1] wanted units (>= 1), [2] an epoch ('' for none) and [3] the highest
 -- sequence the caller has seen handed out in it (as for reserve.lua)
 --
--- Returns {units taken (0 when empty), the shard's epoch (for the logs)}, or {-1, ''} when the shard's state is lost (no fence, or
--- no stock key), or
+-- Returns {units taken (0 when empty), the shard's epoch (for the logs)};
+-- {-1, ''} when the shard's state is lost (no fence, or no stock key);
 -- {-2, sequence found} when the shard is behind the caller's mark under the same
 -- epoch, or {-2, 0} under an older epoch than the caller's (Redis lost writes: its
 -- count may hold units that were already sold, so nothing is taken; the caller

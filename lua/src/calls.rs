@@ -243,8 +243,8 @@ pub enum Taken {
     /// The shard's sequence (this) is below the caller's mark under the same epoch:
     /// Redis lost writes; nothing was taken.
     Behind(u64),
-    /// `units` taken (0 when the shard was empty) under the shard's `epoch`, which the
-    /// give must carry.
+    /// `units` taken (0 when the shard was empty); `epoch` is the donor's fence, for
+    /// the logs (the give checks the home shard's own fence).
     Units { units: i64, epoch: String },
 }
 
@@ -271,8 +271,8 @@ pub struct GiveCall {
 }
 
 impl GiveCall {
-    /// Adds `units` of `item`, taken from another shard under `epoch` (what the take
-    /// answered), to shard `home`.
+    /// Adds `units` of `item`, taken from another shard, to shard `home` while its
+    /// fence is still `epoch`, as the mover read it before the take.
     pub fn new(activity: ActivityId, home: Shard, item: ItemId, units: i64, epoch: &str) -> Self {
         Self {
             keys: vec![
@@ -296,8 +296,8 @@ impl Call for GiveCall {
 pub enum Given {
     /// The shard's fence is gone: its state was lost (recompute); the units dropped.
     FenceMissing,
-    /// The shard is under another epoch than the take's (a rebuild counted the units
-    /// again since): the units dropped, as they must be.
+    /// The shard's fence is no longer the epoch the mover read before its take (a
+    /// rebuild reopened it since): the units dropped.
     Stale,
     /// The shard's new count.
     Units(i64),

@@ -84,8 +84,9 @@ pub async fn outbox_relay(
 }
 
 /// One pass over the pending outbox rows of `cluster`'s activities; returns how many it
-/// handled and how many of those failed (left pending). A Redis failure ends the pass with that error (the cluster is likely down:
-/// the other rows would each wait out the command deadline); they are tried next pass.
+/// handled and how many of those failed (left pending). A Redis failure ends the pass
+/// with that error (the cluster is likely down: the other rows would each wait out the
+/// command deadline); they are tried next pass.
 pub async fn relay_once(
     db: &Db,
     cluster: &Cluster,
