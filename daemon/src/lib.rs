@@ -18,8 +18,12 @@
 //!   and [`migrator`] (feature `db`): the MySQL schema shared by stockd and orderd.
 //! - [`redis`] (feature `redis`): the one Redis Cluster client builder and the one
 //!   `EVALSHA`-with-reload every daemon calls its scripts through.
+//! - [`ack`] (feature `redis`): script calls a replica must hold before they count
+//!   (`EVALSHA`s and one `WAIT` per master's pipeline).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "redis")]
+pub mod ack;
 pub mod admin_http;
 pub mod config;
 #[cfg(feature = "redis")]

@@ -11,7 +11,7 @@
 //!
 //! With `redis.replica_acks` > 0 the call goes through `Redis::call_acked`: grouped
 //! with the other calls ready for the same master and pipelined with one `WAIT`
-//! (`crate::ack`); a reservation is answered RESERVED only once a replica holds it, and
+//! (`seckill_daemon::ack`); a reservation is answered RESERVED only once a replica holds it, and
 //! UNAVAILABLE (retry with the same request id) when none acknowledged in
 //! `redis.replica_ack_timeout_ms`.
 //!

@@ -19,7 +19,6 @@
 //! - [`run`]: serve until shutdown.
 #![forbid(unsafe_code)]
 
-pub mod ack;
 pub mod admin;
 pub mod app;
 pub mod batch;

@@ -4,7 +4,7 @@
 //! slow or dead node answers UNAVAILABLE instead of hanging.
 //!
 //! Writes a replica must hold before they are answered ([`Redis::call_acked`]) go
-//! through [`crate::ack`]: grouped per master, pipelined with one `WAIT` on a connection
+//! through [`seckill_daemon::ack`]: grouped per master, pipelined with one `WAIT` on a connection
 //! lent to that pipeline alone.
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use fred::prelude::*;
 use fred::types::config::ReconnectPolicy;
 use fred::types::Value;
+use seckill_daemon::ack::Acks;
 use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::calls::Call;
 use seckill_lua::scripts::Script;
 
-use crate::ack::Acks;
 use crate::config::RedisConfig;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -153,7 +153,7 @@ impl Redis {
             Some(std::sync::Arc::new(Acks::new(
                 clients,
                 scripts.clone(),
-                metrics.clone(),
+                metrics.redis_errors.with_label_values(&["noscript"]),
                 cfg.replica_acks,
                 Duration::from_millis(cfg.replica_ack_timeout_ms),
             )))
@@ -266,7 +266,7 @@ impl Redis {
     /// One typed script call whose writes must reach `redis.replica_acks` replicas
     /// before it counts: queued on the master of `slot_key`'s slot and sent with the
     /// other calls ready for that master, `EVALSHA`s and one `WAIT` pipelined on a
-    /// borrowed connection ([`crate::ack`]). With `replica_acks` = 0 it is
+    /// borrowed connection ([`seckill_daemon::ack`]). With `replica_acks` = 0 it is
     /// [`Self::call`], always `replicated`.
     ///
     /// Not `replicated` when fewer replicas answered in `replica_ack_timeout_ms`, when
@@ -280,18 +280,9 @@ impl Redis {
             });
         };
         let started = Instant::now();
-        let (keys, args) = call.into_parts();
         let script = C::SCRIPT;
-        // EVALSHA's arguments, built once (the strings move in; a resend after NOSCRIPT
-        // clones reference-counted values, not the bytes).
-        let mut eval: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        eval.push(self.scripts.sha(&script).into());
-        eval.push((keys.len() as i64).into());
-        eval.extend(keys.into_iter().map(Value::from));
-        eval.extend(args.into_iter().map(Value::from));
-        let slot = fred::util::redis_keyslot(slot_key.as_bytes());
         let out = self
-            .deadline(acks.call(eval, slot))
+            .deadline(acks.call_script(call, slot_key))
             .await
             .map(|(value, replicated)| Acked { value, replicated });
         let elapsed = started.elapsed().as_secs_f64();

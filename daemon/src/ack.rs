@@ -1,5 +1,5 @@
-//! Writes a replica must hold before they count (`redis.replica_acks`): group commit per
-//! Redis master.
+//! Writes a replica must hold before they count (`redis.replica_acks` of stockd and
+//! orderd): group commit per Redis master.
 //!
 //! `WAIT n t` counts the replicas that acknowledged everything *its connection* wrote,
 //! and blocks that connection meanwhile, so a call and its `WAIT` must share a
@@ -26,12 +26,14 @@ use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
-use seckill_daemon::redis::Scripts;
+use prometheus::IntCounter;
+use seckill_lua::calls::Call;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::metrics::Metrics;
+use crate::redis::Scripts;
 
-type Answer = Result<(Value, bool), fred::error::Error>;
+/// The script's answer, and whether the replicas hold its writes.
+pub type Answer = Result<(Value, bool), fred::error::Error>;
 
 /// One script call waiting for its master's next pipeline.
 struct Job {
@@ -59,16 +61,20 @@ pub struct Acks {
     clients: Clients,
     lanes: Mutex<HashMap<Server, Arc<Lane>>>,
     scripts: Scripts,
-    metrics: Metrics,
+    /// Counts the script reloads a `NOSCRIPT` caused.
+    reloads: IntCounter,
     replicas: i64,
     timeout_ms: i64,
 }
 
 impl Acks {
+    /// Calls through `clients` (each lent to one pipeline at a time), waiting for
+    /// `replicas` replicas up to `timeout` per pipeline; `reloads` counts the script
+    /// reloads after `NOSCRIPT`.
     pub fn new(
         clients: Vec<Client>,
         scripts: Scripts,
-        metrics: Metrics,
+        reloads: IntCounter,
         replicas: u32,
         timeout: Duration,
     ) -> Self {
@@ -76,10 +82,25 @@ impl Acks {
             clients: Clients::new(clients),
             lanes: Mutex::default(),
             scripts,
-            metrics,
+            reloads,
             replicas: i64::from(replicas),
             timeout_ms: timeout.as_millis() as i64,
         }
+    }
+
+    /// One typed script call (`seckill_lua::calls`) on the master of `slot_key`'s slot,
+    /// with [`Self::call`].
+    pub async fn call_script<C: Call>(self: &Arc<Self>, call: C, slot_key: &str) -> Answer {
+        let (keys, args) = call.into_parts();
+        // EVALSHA's arguments, built once (the strings move in; a resend after NOSCRIPT
+        // clones reference-counted values, not the bytes).
+        let mut eval: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        eval.push(self.scripts.sha(&C::SCRIPT).into());
+        eval.push((keys.len() as i64).into());
+        eval.extend(keys.into_iter().map(Value::from));
+        eval.extend(args.into_iter().map(Value::from));
+        self.call(eval, fred::util::redis_keyslot(slot_key.as_bytes()))
+            .await
     }
 
     /// Runs `eval` (sha, key count, keys, args) on `slot`'s master and waits for the
@@ -201,7 +222,7 @@ impl Acks {
         let mut reload = false;
         for ((mut j, answer), before) in jobs.into_iter().zip(answers).zip(masters) {
             match answer {
-                Err(e) if seckill_daemon::redis::is_noscript(&e) && !j.reloaded => {
+                Err(e) if crate::redis::is_noscript(&e) && !j.reloaded => {
                     j.reloaded = true;
                     reload = true;
                     again.push(j);
@@ -222,11 +243,7 @@ impl Acks {
         if reload {
             tracing::info!("NOSCRIPT: loading scripts again");
             match self.scripts.reload_after(client, mark).await {
-                Ok(true) => self
-                    .metrics
-                    .redis_errors
-                    .with_label_values(&["noscript"])
-                    .inc(),
+                Ok(true) => self.reloads.inc(),
                 Ok(false) => {}
                 Err(e) => {
                     for j in again {
