@@ -212,9 +212,12 @@ daemon_up() { # daemon K health-path [flags...]
 for d in gateway orderd stockd; do
     for k in $(fleet_running "$d"); do [ "$k" -le "$FLEET" ] || stop_pid "$(fleet_name "$d" "$k")"; done
 done
-# A masters-only Redis has no replica to acknowledge a reservation: stockd answers as soon
-# as the master has it (redis.replica_acks = 0, unsafe with replicas; docs/stockd.md).
-if [ "$REDIS_REPLICAS" = 0 ]; then export STOCKD__REDIS__REPLICA_ACKS=0; fi
+# A masters-only Redis has no replica to acknowledge a reservation or a stock return: stockd
+# answers and orderd's relay marks a return done as soon as the master has it
+# (redis.replica_acks = 0, unsafe with replicas; docs/stockd.md, docs/orderd.md).
+if [ "$REDIS_REPLICAS" = 0 ]; then
+    export STOCKD__REDIS__REPLICA_ACKS=0 ORDERD__REDIS__REPLICA_ACKS=0
+fi
 # stockd 1 applies the migrations (idempotent) before it serves.
 daemon_up stockd 1 /healthz --migrate
 for ((k = 2; k <= FLEET; k++)); do daemon_up stockd "$k" /healthz; done

@@ -17,15 +17,23 @@
 -- records and counts of its MySQL snapshot over whatever a release did now, so the
 -- release would be undone. Nothing is written; the caller retries after the reopen,
 -- when the records and counts agree with the snapshot again.
-if not redis.call('GET', KEYS[3]) then
+--
+-- NOT_HELD rewrites the fence with its own value. A caller that waits for replicas
+-- retries a release that was not acknowledged, maybe on another connection; the retry
+-- finds the record gone. `WAIT` counts replicas up to its connection's offset, and a
+-- connection that never wrote has none where a server moves it on writes only, so its
+-- `WAIT` would answer at once, before a replica holds the first call's release. (Redis
+-- 7.0 moves it on reads too, as measured here; the write makes it hold either way.)
+-- Replication is one ordered stream: a replica that holds this write holds every
+-- earlier one.
+local fence = redis.call('GET', KEYS[3])
+if not fence then
   return {'CLOSED', -1, 0}
 end
 local held = redis.call('HGET', KEYS[2], ARGV[1])
-if not held then
-  return {'NOT_HELD', -1, 0}
-end
-local sep = string.find(held, '|', 1, true)
-if string.sub(held, 1, sep - 1) ~= ARGV[2] then
+local sep = held and string.find(held, '|', 1, true)
+if not held or string.sub(held, 1, sep - 1) ~= ARGV[2] then
+  redis.call('SET', KEYS[3], fence)
   return {'NOT_HELD', -1, 0}
 end
 local k = 1

@@ -37,11 +37,12 @@
 -- and nothing is written.
 --
 -- A call that answers RETRY and writes nothing else rewrites the fence with its own
--- value: the caller's `WAIT` counts replicas up to the last write of its connection,
--- and without a write of its own a resend would be acknowledged at once, before the
--- replica holds the reservation it names (one written by another call, maybe on
--- another connection). Replication is one ordered stream, so a replica that holds
--- this write holds every earlier one.
+-- value: the caller's `WAIT` counts replicas up to its connection's offset, which a
+-- server may move on writes only, and then a resend would be acknowledged at once,
+-- before the replica holds the reservation it names (one written by another call,
+-- maybe on another connection). (Redis 7.0 moves it on reads too, as measured here;
+-- the write makes it hold either way.) Replication is one ordered stream, so a replica
+-- that holds this write holds every earlier one.
 local n = (#KEYS - 3) / 2
 local out = {}
 local function every(outcome, left)

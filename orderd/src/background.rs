@@ -8,7 +8,11 @@
 //!   record naming the reservation (`NOT_HELD`) and changes nothing (but clears the
 //!   sold-out flag again, which the dead pass may not have reached). A shard closed
 //!   for a rebuild answers `CLOSED` and the row waits for the next pass, since the
-//!   rebuild would write its snapshot over a release made meanwhile. One relay per
+//!   rebuild would write its snapshot over a release made meanwhile. With
+//!   `redis.replica_acks`, a release no replica acknowledged in time also waits for the
+//!   next pass: a failover to a replica without it would lose the unit (and bring the
+//!   buyer record back), and the next call either releases again on the new master or
+//!   finds the record gone and waits for a replica to hold that. One relay per
 //!   Redis cluster, each taking only the rows of the activities placed on it, so a
 //!   cluster that is down holds up only its own returns.
 //! - [`stats`]: orders-by-state and dead-letter gauges, every 5 s.
@@ -104,6 +108,15 @@ pub async fn relay_once(
             }
             Err(e) => {
                 failed += 1;
+                let reason = match e {
+                    Error::ShardClosed(_) => "shard_closed",
+                    Error::Unreplicated(_) => "unreplicated",
+                    _ => "error",
+                };
+                metrics
+                    .stock_return_retries
+                    .with_label_values(&[reason])
+                    .inc();
                 db.mark_return_failed(row.id, &e.to_string()).await?;
                 if matches!(e, Error::Redis(_)) {
                     return Err(e);
@@ -123,10 +136,10 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         .map_err(|_| Error::Internal(format!("outbox order id {:?}", row.order_id)))?;
     let reason = ReturnReason::parse(&row.reason)
         .ok_or_else(|| Error::Internal(format!("outbox reason {:?}", row.reason)))?;
-    match redis
+    let (outcome, replicated) = redis
         .release(&rid, &row.user_id, reason.returns_unit())
-        .await?
-    {
+        .await?;
+    let done = match outcome {
         Release::Released { .. } if reason.returns_unit() => {
             redis.clear_sold_out(row.activity_id, row.item_id).await?;
             Ok("released")
@@ -148,7 +161,13 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         // A rebuild holds the shard; releasing now would be undone when it writes its
         // MySQL snapshot back. The row stays pending and is tried again next pass.
         Release::Closed => Err(Error::ShardClosed(rid.to_string())),
+    }?;
+    // The flag is cleared already (a unit on the master is for sale there now); the row
+    // is done only once a replica holds the release. `CLOSED` wrote nothing.
+    if !replicated && !matches!(outcome, Release::Closed) {
+        return Err(Error::Unreplicated(rid.to_string()));
     }
+    Ok(done)
 }
 
 /// Refreshes the orders-by-state and dead-letter gauges every 5 s.

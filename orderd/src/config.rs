@@ -104,6 +104,19 @@ pub struct RedisConfig {
     /// Deadline of connecting to a node, in ms. Default 2000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// Replicas that must hold a stock return (the RELEASE script's writes) before its
+    /// outbox row is marked done: `WAIT` on a connection the relay has to itself. A
+    /// return without them stays pending and is released again next pass (the retry
+    /// finds the record gone on the master, writes the fence, and waits again), so a
+    /// failover to a replica that never received the release does not lose the unit.
+    /// 0: done once the master has it, unsafe with replicas; right only for a
+    /// masters-only Redis. 0..=5. Default 1.
+    #[serde(default = "default_replica_acks")]
+    pub replica_acks: u32,
+    /// How long one release waits for `replica_acks` replicas, in ms; below
+    /// `timeout_ms`. 1..=10000. Default 100.
+    #[serde(default = "default_replica_ack_timeout_ms")]
+    pub replica_ack_timeout_ms: u64,
 }
 
 /// `[mysql]`.
@@ -241,6 +254,12 @@ fn default_redis_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     2000
 }
+fn default_replica_acks() -> u32 {
+    1
+}
+fn default_replica_ack_timeout_ms() -> u64 {
+    100
+}
 fn default_max_connections() -> u32 {
     16
 }
@@ -358,6 +377,10 @@ impl Config {
                 clusters: NamedClusters::new(),
                 timeout_ms: 2000,
                 connect_timeout_ms: 2000,
+                // Masters-only clusters, as most tests start; a test of a replicated
+                // cluster sets it.
+                replica_acks: 0,
+                replica_ack_timeout_ms: 1000,
             },
             mysql: MysqlConfig {
                 url: mysql_url.into(),
@@ -439,6 +462,17 @@ impl Validate for Config {
             self.redis.connect_timeout_ms,
             1..=60_000,
             "redis.connect_timeout_ms",
+        )?;
+        ensure_range(self.redis.replica_acks, 0..=5, "redis.replica_acks")?;
+        ensure_range(
+            self.redis.replica_ack_timeout_ms,
+            1..=10_000,
+            "redis.replica_ack_timeout_ms",
+        )?;
+        ensure(
+            self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
+            "redis.replica_ack_timeout_ms",
+            "must be below redis.timeout_ms (the whole call's deadline)",
         )?;
         ensure(
             self.mysql.url.starts_with("mysql://"),
@@ -599,6 +633,31 @@ callback_secret = "0123456789abcdef"
                 .mysql
                 .max_connections,
             4
+        );
+    }
+
+    #[test]
+    fn replica_acks_default_to_one_and_bad_values_are_refused_naming_the_field() {
+        let c = Config::load_str(GOOD, "o.toml", []).unwrap();
+        assert_eq!(
+            (c.redis.replica_acks, c.redis.replica_ack_timeout_ms),
+            (1, 100)
+        );
+        let load = |extra: &str| {
+            let text = GOOD.replace("[mysql]\n", &format!("{extra}\n[mysql]\n"));
+            Config::load_str(&text, "o.toml", []).map_err(|e| e.to_string())
+        };
+        assert_eq!(load("replica_acks = 0").unwrap().redis.replica_acks, 0);
+        assert!(load("replica_acks = 6")
+            .unwrap_err()
+            .starts_with("o.toml: redis.replica_acks: "));
+        assert!(load("replica_ack_timeout_ms = 0")
+            .unwrap_err()
+            .starts_with("o.toml: redis.replica_ack_timeout_ms: "));
+        let e = load("timeout_ms = 100\nreplica_ack_timeout_ms = 100").unwrap_err();
+        assert!(
+            e.starts_with("o.toml: redis.replica_ack_timeout_ms: must be below redis.timeout_ms"),
+            "{e}"
         );
     }
 

@@ -41,6 +41,10 @@ pub enum Error {
     /// A stock return met its shard closed for a rebuild (no fence); tried again later.
     #[error("the shard of {0} is closed for a rebuild; the return waits for the reopen")]
     ShardClosed(String),
+    /// A stock return the master made but fewer than `redis.replica_acks` replicas
+    /// acknowledged in time; released again later (idempotent).
+    #[error("the return of {0} is not yet held by a replica; it is released again next pass")]
+    Unreplicated(String),
     /// A bug or an impossible state.
     #[error("internal: {0}")]
     Internal(String),
@@ -94,7 +98,9 @@ impl From<Error> for tonic::Status {
                 tracing::warn!(error = %err, "redis error answered as UNAVAILABLE");
                 tonic::Status::unavailable("redis is unavailable; retry")
             }
-            Error::ShardClosed(_) => tonic::Status::unavailable(e.to_string()),
+            Error::ShardClosed(_) | Error::Unreplicated(_) => {
+                tonic::Status::unavailable(e.to_string())
+            }
             Error::UnknownCluster { .. } => {
                 tracing::warn!(error = %e, "answered as UNAVAILABLE");
                 tonic::Status::unavailable("the activity's stock is not reachable from here; retry")

@@ -9,6 +9,8 @@
 //! - `orderd_orders_written_total{state}`: orders created by the consumers.
 //! - `orderd_batch_failures_total`: failed batches (each followed by a back-off).
 //! - `orderd_stock_returns_total{outcome}`: outbox rows relayed to Redis.
+//! - `orderd_stock_return_retries_total{reason}`: outbox rows left pending for the next
+//!   pass (`shard_closed`, `unreplicated`, `error`).
 //! - `orderd_timeouts_total`: orders cancelled by the payment timeout.
 //! - `orderd_unknown_cluster_activities`: published activities placed on a Redis cluster
 //!   this orderd is not configured with (their streams are not consumed).
@@ -30,6 +32,7 @@ pub struct Metrics {
     pub orders_written: IntCounterVec,
     pub batch_failures: IntCounter,
     pub stock_returns: IntCounterVec,
+    pub stock_return_retries: IntCounterVec,
     pub timeouts: IntCounter,
     pub unknown_cluster_activities: IntGauge,
 }
@@ -106,6 +109,14 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let stock_return_retries = IntCounterVec::new(
+            Opts::new(
+                "orderd_stock_return_retries_total",
+                "Stock-return outbox rows left pending for the next pass, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
         let timeouts = IntCounter::new(
             "orderd_timeouts_total",
             "Orders cancelled because the payment deadline passed",
@@ -127,6 +138,7 @@ impl Metrics {
             Box::new(orders_written.clone()),
             Box::new(batch_failures.clone()),
             Box::new(stock_returns.clone()),
+            Box::new(stock_return_retries.clone()),
             Box::new(timeouts.clone()),
             Box::new(unknown_cluster_activities.clone()),
         ] {
@@ -143,6 +155,7 @@ impl Metrics {
             orders_written,
             batch_failures,
             stock_returns,
+            stock_return_retries,
             timeouts,
             unknown_cluster_activities,
         }

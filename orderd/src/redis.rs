@@ -11,11 +11,13 @@
 //! operators can tail them without MySQL.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::streams::{XPendingArgs, XID};
 use fred::types::Value;
+use seckill_daemon::ack::Acks;
 use seckill_daemon::redis::{Retries, Scripts};
 use seckill_lua::calls::{Call, ReleaseCall};
 use seckill_lua::keys;
@@ -43,6 +45,11 @@ pub use seckill_lua::calls::Released as Release;
 pub struct Redis {
     client: Client,
     scripts: Scripts,
+    /// Releases a replica must hold (`redis.replica_acks`), on a client of their own:
+    /// `WAIT` blocks its connection, and the consumers' reads must not queue behind it.
+    acks: Option<Arc<Acks>>,
+    /// Deadline of one acknowledged release: the command's and the `WAIT`'s.
+    ack_deadline: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -76,9 +83,39 @@ impl Redis {
         let client = builder.build()?;
         // The task drives the connections until `quit`; it is not awaited.
         drop(client.connect());
+        let scripts = Scripts::new();
+        let acks = if cfg.replica_acks > 0 {
+            // One client: the relay of a cluster sends one release at a time.
+            let retries = Retries {
+                command_attempts: 1,
+                reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
+            };
+            let c = seckill_daemon::redis::builder(
+                nodes,
+                Duration::from_millis(cfg.timeout_ms),
+                Duration::from_millis(cfg.connect_timeout_ms),
+                retries,
+            )
+            .build()?;
+            drop(c.connect());
+            // orderd does not count script reloads (neither does its other client).
+            let reloads = prometheus::IntCounter::new("orderd_ack_script_reloads", "unused")
+                .expect("valid metric");
+            Some(Arc::new(Acks::new(
+                vec![c],
+                scripts.clone(),
+                reloads,
+                cfg.replica_acks,
+                Duration::from_millis(cfg.replica_ack_timeout_ms),
+            )))
+        } else {
+            None
+        };
         Ok(Self {
             client,
-            scripts: Scripts::new(),
+            scripts,
+            acks,
+            ack_deadline: Duration::from_millis(cfg.timeout_ms + cfg.replica_ack_timeout_ms),
         })
     }
 
@@ -99,17 +136,31 @@ impl Redis {
 
     /// The RELEASE script for `rid` held by `user`: drop the buyer record if it still
     /// names `rid`, and give its units (the k the record holds) back to the shard when
-    /// `return_unit`.
+    /// `return_unit`. Also whether `redis.replica_acks` replicas hold what it wrote
+    /// (always true with `replica_acks` = 0); a `NOT_HELD` rewrites the shard's fence,
+    /// so its acknowledgement covers an earlier call's release too.
     pub async fn release(
         &self,
         rid: &ReservationId,
         user: &str,
         return_unit: bool,
-    ) -> Result<Release> {
-        let reply = self
-            .call(ReleaseCall::new(rid, user, return_unit))
-            .await?
-            .into_array();
+    ) -> Result<(Release, bool)> {
+        let call = ReleaseCall::new(rid, user, return_unit);
+        let (value, replicated) = match &self.acks {
+            None => (self.call(call).await?, true),
+            Some(acks) => {
+                let fence = keys::fence(rid.activity, rid.shard);
+                tokio::time::timeout(self.ack_deadline, acks.call_script(call, &fence))
+                    .await
+                    .map_err(|_| {
+                        fred::error::Error::new(
+                            fred::error::ErrorKind::Timeout,
+                            "release and WAIT timed out",
+                        )
+                    })??
+            }
+        };
+        let reply = value.into_array();
         let outcome = reply
             .first()
             .and_then(|v| v.as_string())
@@ -117,6 +168,7 @@ impl Redis {
         let left = reply.get(1).and_then(|v| v.as_i64()).unwrap_or(-1);
         let units = reply.get(2).and_then(|v| v.as_i64()).unwrap_or(0);
         Release::from_reply(&outcome, left, units)
+            .map(|r| (r, replicated))
             .ok_or_else(|| Error::Internal(format!("release answered {outcome:?}")))
     }
 
@@ -320,6 +372,9 @@ impl Redis {
 
     /// Closes the connections.
     pub async fn quit(&self) {
+        if let Some(acks) = &self.acks {
+            acks.quit().await;
+        }
         let _ = self.client.quit().await;
     }
 }

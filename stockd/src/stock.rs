@@ -665,12 +665,19 @@ impl App {
             }
         }
         let (a, s) = (rid.activity, rid.item);
-        let parts = array(
-            self.redis_at(a)
-                .await?
-                .call(ReleaseCall::new(&rid, user.as_str(), true))
-                .await?,
-        )?;
+        // Acknowledged like a reservation: a failover to a replica without the release
+        // would lose the unit. A NOT_HELD rewrites the fence, so a retry's WAIT covers
+        // the first call's release too.
+        let acked = self
+            .redis_at(a)
+            .await?
+            .call_acked(
+                ReleaseCall::new(&rid, user.as_str(), true),
+                &keys::fence(a, rid.shard),
+            )
+            .await?;
+        let replicated = acked.replicated;
+        let parts = array(acked.value)?;
         let units = parts.get(2).map(int).transpose()?.unwrap_or(1);
         let outcome = parts
             .first()
@@ -699,6 +706,12 @@ impl App {
             if let Err(e) = self.clear_sold_out(a, s).await {
                 tracing::warn!(a, s, error = %e, "cannot clear the sold-out flag");
             }
+        }
+        if !replicated {
+            return Err(Error::Unavailable(format!(
+                "the release of {reservation} is not yet held by a replica; retry (a \
+                 retry answers NOT_HELD once a replica holds it)"
+            )));
         }
         Ok(outcome)
     }

@@ -314,3 +314,64 @@ async fn without_replica_acks_the_same_failover_loses_reservations_that_were_ans
         out.active_orders
     );
 }
+
+/// `Release` is acknowledged like a reservation: while the shard's replica is stalled it
+/// answers UNAVAILABLE (the master has the release, no replica does), and a retry answers
+/// NOT_HELD only once the replica holds the first call's release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_no_replica_acknowledged_answers_unavailable_until_one_does() {
+    init_tracing();
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.replica_acks = 1;
+        c.redis.replica_ack_timeout_ms = 100;
+        c.redis.timeout_ms = 1000;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    let r = reserve(&mut c, a, s, "bob", "req").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    let stock_key = keys::stock(a, 0, s);
+    let master = cluster.master_of_key(&stock_key);
+    let replica = cluster.replicas_of(master)[0];
+    assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("4"));
+
+    let release = || seckill_proto::pb::ReleaseRequest {
+        reservation_id: r.reservation_id.clone(),
+        user_id: "bob".into(),
+        reason: "cancelled".into(),
+    };
+    let stall = cluster.stall(replica, 3000);
+    let err = c.release(release()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("replica"), "{err:?}");
+    assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
+    let err = c.release(release()).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::Unavailable,
+        "the retry is not acknowledged either while the replica is stalled: {err:?}"
+    );
+
+    tokio::task::block_in_place(|| stall.join());
+    // The replica catches up on what piled up; retry as a caller would.
+    let until = Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        match c.release(release()).await {
+            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => break other.unwrap().into_inner(),
+        }
+    };
+    assert_eq!(
+        done.outcome(),
+        seckill_proto::pb::ReleaseOutcome::NotHeld,
+        "released once, by the first call"
+    );
+    assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("5"));
+    assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
+}

@@ -1,0 +1,252 @@
+#![cfg(feature = "orderd")]
+//! A stock return survives a failover to a replica that never received it.
+//!
+//! orderd's relay marks an outbox row done only once `redis.replica_acks` replicas hold
+//! the release. Here the replica of the shard's master stalls and loses its link, a
+//! cancel's release lands on the master alone, the master dies, and the lagging replica
+//! is promoted without the release: the unit is missing from Redis and the buyer's old
+//! record is back. The row is still pending, so the relay releases again on the new
+//! master; with no replica there yet that release is not acknowledged either, and once
+//! the old master rejoins as a replica the next pass answers NOT_HELD, rewrites the
+//! fence, and its `WAIT` covers the release. Without the acknowledgement the row was done
+//! after the first release, and the unit stayed lost.
+
+use std::time::{Duration, Instant};
+
+use seckill_lua::keys;
+use seckill_proto::pb::{self, ChangeOutcome};
+use seckill_tests::orderd::{
+    mysql_stock, reserve_direct, seed_activity, spawn_orderd, wait_orders,
+};
+use seckill_tests::process::{wait_until, wait_until_async};
+use seckill_tests::redis::Persistence;
+use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
+
+/// How long the replica is stopped: the cancel, the relay's release and the kill of the
+/// master happen within it.
+const STALL_MS: u64 = 6000;
+
+fn acked(c: &mut orderd::config::Config) {
+    c.redis.replica_acks = 1;
+    c.redis.replica_ack_timeout_ms = 100;
+    c.redis.timeout_ms = 1000;
+}
+
+fn unreplicated(m: &orderd::Metrics) -> u64 {
+    m.stock_return_retries
+        .with_label_values(&["unreplicated"])
+        .get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_loses_it() {
+    init_tracing();
+    let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let stock_key = keys::stock(a, 0, s);
+    let buyers_key = keys::buyers(a, 0, s);
+    let master = cluster.master_of_key(&keys::fence(a, 0));
+    let replica = cluster.replicas_of(master)[0];
+
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
+    assert_eq!(r.outcome, "RESERVED");
+    wait_orders(&db, 1, Duration::from_secs(30)).await;
+    // The replica holds the reservation (the script's writes replicate together).
+    tokio::task::block_in_place(|| {
+        wait_until(
+            "the replica holds the reservation",
+            Duration::from_secs(10),
+            || cluster.get_on(replica, &stock_key).as_deref() == Some("4"),
+        )
+    });
+
+    // The replica stalls and loses its link; bob cancels; the release reaches the master
+    // only, and the relay's WAIT times out.
+    let stalled_at = Instant::now();
+    let stall = cluster.stall(replica, STALL_MS);
+    cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
+    let done = orderd
+        .order_client()
+        .await
+        .cancel(pb::CancelRequest {
+            order_id: r.rid.clone(),
+            user_id: "bob".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    wait_until_async(
+        "the relay released on the master and no replica acknowledged it",
+        Duration::from_secs(3),
+        || async { unreplicated(&orderd.metrics) >= 1 },
+    )
+    .await;
+    assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
+    // orderd stops, so nothing releases again before the failover is looked at.
+    orderd.stop().await.unwrap();
+    assert!(
+        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 1000),
+        "the replica must still be stopped when its master dies"
+    );
+
+    // The master dies; the lagging replica takes over without the release.
+    tokio::task::block_in_place(|| cluster.kill(master));
+    let promoted =
+        tokio::task::block_in_place(|| cluster.wait_for_failover(master, Duration::from_secs(40)));
+    assert_eq!(promoted, replica, "the lagging replica took over");
+    stall.join();
+    assert_eq!(
+        cluster.get_on(promoted, &stock_key).as_deref(),
+        Some("4"),
+        "the failover lost the release (else this test proves nothing)"
+    );
+    assert_eq!(
+        pending_returns(&db).await,
+        1,
+        "the unacknowledged return is still pending"
+    );
+
+    // orderd again: it releases on the new master, which has no replica yet.
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    wait_until_async(
+        "the relay released on the new master, which has no replica",
+        Duration::from_secs(30),
+        || async { unreplicated(&orderd.metrics) >= 1 },
+    )
+    .await;
+    assert_eq!(cluster.get_on(promoted, &stock_key).as_deref(), Some("5"));
+    // The old master rejoins as the new one's replica; the row is done once it holds
+    // the release.
+    tokio::task::block_in_place(|| cluster.restart(master));
+    wait_until_async("the return is done", Duration::from_secs(30), || async {
+        pending_returns(&db).await == 0
+    })
+    .await;
+    assert_eq!(
+        orderd
+            .metrics
+            .stock_returns
+            .with_label_values(&["not_held"])
+            .get(),
+        1,
+        "the acknowledged pass found the record gone (released by the pass before it)"
+    );
+    // Done means a replica holds it: read it there, without waiting.
+    assert_eq!(cluster.master_of(master), promoted);
+    assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
+    assert_eq!(cluster.get_on(promoted, &stock_key).as_deref(), Some("5"));
+    // (redis-cli, not the test's client: that one still knows the killed master.)
+    let held = cluster.cli_at(promoted, &["HGET", &buyers_key, "bob"]);
+    assert_eq!(held.trim(), "", "bob's record is gone: he may buy again");
+    assert_eq!(mysql_stock(&db, s).await, 5);
+}
+
+/// The retry of an unacknowledged return comes from a new connection (here a new orderd)
+/// and finds the record gone (NOT_HELD). It must still wait for a replica: a `WAIT` on a
+/// connection that has sent nothing counts every connected replica at once (checked by
+/// hand on Redis 7.0: a stalled replica is counted), so a retry that skipped the wait,
+/// or a `WAIT` before any command, would mark the row done while the stalled replica
+/// still lacks the release. The script's NOT_HELD also rewrites the fence, for servers
+/// that move a connection's offset on writes only (7.0 moves it on reads too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
+    init_tracing();
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let stock_key = keys::stock(a, 0, s);
+    let master = cluster.master_of_key(&keys::fence(a, 0));
+    let replica = cluster.replicas_of(master)[0];
+
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
+    assert_eq!(r.outcome, "RESERVED");
+    wait_orders(&db, 1, Duration::from_secs(30)).await;
+    tokio::task::block_in_place(|| {
+        wait_until(
+            "the replica holds the reservation",
+            Duration::from_secs(10),
+            || cluster.get_on(replica, &stock_key).as_deref() == Some("4"),
+        )
+    });
+
+    // The replica stalls (its link stays up: it is still counted as connected).
+    let stalled_at = Instant::now();
+    let stall = cluster.stall(replica, STALL_MS);
+    let done = orderd
+        .order_client()
+        .await
+        .cancel(pb::CancelRequest {
+            order_id: r.rid.clone(),
+            user_id: "bob".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    wait_until_async(
+        "the first release, unacknowledged",
+        Duration::from_secs(3),
+        || async { unreplicated(&orderd.metrics) >= 1 },
+    )
+    .await;
+    orderd.stop().await.unwrap();
+
+    // A new orderd retries on connections of its own.
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    wait_until_async(
+        "the retry (NOT_HELD), unacknowledged while the replica is stalled",
+        Duration::from_secs(3),
+        || async { unreplicated(&orderd.metrics) >= 1 },
+    )
+    .await;
+    assert!(
+        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 500),
+        "the replica was stalled all along"
+    );
+    assert_eq!(
+        pending_returns(&db).await,
+        1,
+        "not done while no replica holds it"
+    );
+    assert_eq!(
+        orderd
+            .metrics
+            .stock_returns
+            .with_label_values(&["not_held"])
+            .get(),
+        0
+    );
+
+    // The replica runs again: the next pass is acknowledged, and the replica holds it.
+    stall.join();
+    wait_until_async("the return is done", Duration::from_secs(30), || async {
+        pending_returns(&db).await == 0
+    })
+    .await;
+    assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("5"));
+    assert_eq!(
+        orderd
+            .metrics
+            .stock_returns
+            .with_label_values(&["not_held"])
+            .get(),
+        1
+    );
+}
+
+async fn pending_returns(db: &TestDb) -> i64 {
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM stock_return_outbox WHERE done_at IS NULL")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    n
+}
