@@ -8,7 +8,7 @@
 
 use seckill_tests::Deps;
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use seckill_lua::calls::ReserveCall;
@@ -724,4 +724,83 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
         "the 10 units of shard 1 moved to the buyers of shard 0"
     );
     assert_eq!(shard_stock(redis, a, s, 2).await, [0, 0]);
+}
+
+/// A rebalancing take whose outcome stockd cannot know (it timed out, and Redis ran it
+/// later) takes units from the donor that no give brings home. stockd starts a rebuild
+/// for that case, which counts the units back from MySQL: after it, every unit is either
+/// reserved or in a shard, none lost and none made up.
+///
+/// The donor's master is paused for writes (`CLIENT PAUSE … WRITE`): the round's scan
+/// (a read) goes through, its `TAKE` waits in the master's queue past stockd's deadline
+/// and runs when the pause ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_that_timed_out_and_ran_later_loses_no_unit() {
+    init_tracing();
+    const SHARDS: u32 = 8;
+    const UNITS: i64 = 16;
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 300).await;
+    let act =
+        create_published_activity(&h, &[(UNITS as u32, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+    assert_eq!(
+        shard_stock(&redis, a, s, SHARDS).await,
+        vec![2; SHARDS as usize]
+    );
+
+    // The donors: the shards of one master. Every other shard is bought out by its own
+    // buyers (no move), so a buyer homed there can only be served from that master.
+    let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
+    let donor_master = master_of(0);
+    let home = (0..SHARDS)
+        .find(|&i| master_of(i) != donor_master)
+        .expect("the shards span more than one master");
+    let mut reserved = 0i64;
+    for i in (0..SHARDS).filter(|&i| master_of(i) != donor_master) {
+        for n in 0..2 {
+            let user = user_on_shard(&format!("early-{n}"), i, SHARDS);
+            let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+            assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+            reserved += 1;
+        }
+    }
+    let takes_before = takes(&h);
+    let ok_before = h.metrics.recomputes.with_label_values(&["ok"]).get();
+
+    let paused_at = Instant::now();
+    cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "1500", "WRITE"]);
+    let user = user_on_shard("late", home, SHARDS);
+    match reserve(&mut c, a, s, &user, "r").await {
+        Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
+        other => tracing::info!(?other, "the late buyer's answer"),
+    }
+    assert!(
+        takes(&h) > takes_before,
+        "the late buyer's home was empty: a take was sent"
+    );
+
+    // The pause ends and the take runs; then the rebuild the unknown take started
+    // counts the units back.
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused_at.elapsed())).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let after = shard_stock(&redis, a, s, SHARDS).await;
+        let whole = after.iter().sum::<i64>() + reserved == UNITS;
+        let rebuilt = h.metrics.recomputes.with_label_values(&["ok"]).get() > ok_before;
+        if (whole && rebuilt) || Instant::now() > deadline {
+            assert_eq!(
+                after.iter().sum::<i64>() + reserved,
+                UNITS,
+                "every unit reserved or on sale: shards {after:?}, {reserved} reserved"
+            );
+            assert!(rebuilt);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stream_len(&redis, a, SHARDS).await, reserved);
 }
