@@ -31,6 +31,9 @@ pub struct ActivityEntry {
     pub available: AtomicBool,
     /// True while a recompute task runs (at most one per activity and process).
     pub recomputing: AtomicBool,
+    /// When the last rebuild a failed move asked for started, and whether one waits
+    /// (`stock.move_repair_gap_ms`).
+    pub move_repair: Mutex<crate::recompute::MoveRepair>,
     /// Rotating start of the donor scan, so rebalancing spreads over shards.
     pub rotation: AtomicU32,
     /// Per shard: the high-water mark and the reservation queue.
@@ -61,6 +64,7 @@ impl ActivityEntry {
             items,
             available: AtomicBool::new(available),
             recomputing: AtomicBool::new(false),
+            move_repair: Mutex::default(),
             rotation: AtomicU32::new(0),
             shard_state: (0..activity_shards(&activity))
                 .map(|_| ShardState::default())

@@ -200,6 +200,16 @@ pub struct StockConfig {
     /// peer's shards. False: only the fence check (missing fences) decides. Default true.
     #[serde(default = "default_true")]
     pub recompute_at_start: bool,
+    /// Shortest time between two rebuilds of one activity that failed rebalancing moves
+    /// start, in ms (0..=600000; 0: no gap). A take or give whose outcome is unknown (a
+    /// timeout, a cut connection), or a take no replica acknowledged, may hold units back
+    /// that only a rebuild counts again; while Redis keeps failing, each failed move would
+    /// otherwise start a rebuild as soon as the last ended, each making the activity
+    /// UNAVAILABLE while it runs. A failure within the gap waits for its end, and the
+    /// failures meanwhile join that one rebuild; the units held back stay off sale until
+    /// it runs. Default 5000.
+    #[serde(default = "default_move_repair_gap_ms")]
+    pub move_repair_gap_ms: u64,
 }
 
 fn default_grpc_listen() -> String {
@@ -250,6 +260,9 @@ fn default_fence_check_shards() -> u32 {
 fn default_reserve_batch_max() -> u32 {
     64
 }
+fn default_move_repair_gap_ms() -> u64 {
+    5000
+}
 fn default_schedule_poll_ms() -> u64 {
     1000
 }
@@ -264,6 +277,7 @@ impl Default for StockConfig {
             reserve_batch_max: default_reserve_batch_max(),
             schedule_poll_ms: default_schedule_poll_ms(),
             recompute_at_start: true,
+            move_repair_gap_ms: default_move_repair_gap_ms(),
         }
     }
 }
@@ -392,6 +406,11 @@ impl Validate for Config {
             "stock.fence_check_shards",
         )?;
         ensure_range(s.reserve_batch_max, 1..=1024, "stock.reserve_batch_max")?;
+        ensure_range(
+            s.move_repair_gap_ms,
+            0..=600_000,
+            "stock.move_repair_gap_ms",
+        )?;
         ensure_range(s.schedule_poll_ms, 50..=600_000, "stock.schedule_poll_ms")
     }
 }
@@ -435,6 +454,7 @@ url = "mysql://root@127.0.0.1:3306/seckill"
         assert_eq!(c.stock.rebalance_batch, 4);
         assert_eq!(c.stock.reserve_batch_max, 64);
         assert_eq!(c.redis.timeout_ms, 500);
+        assert_eq!(c.stock.move_repair_gap_ms, 5000);
         assert!(c.admin.listen.is_none());
     }
 
@@ -504,6 +524,10 @@ url = "mysql://root@127.0.0.1:3306/seckill"
             (
                 ("STOCKD__STOCK__RESERVE_BATCH_MAX", "1025"),
                 "stock.reserve_batch_max",
+            ),
+            (
+                ("STOCKD__STOCK__MOVE_REPAIR_GAP_MS", "600001"),
+                "stock.move_repair_gap_ms",
             ),
             (("STOCKD__MYSQL__URL", "postgres://x"), "mysql.url"),
             (("STOCKD__GRPC__LISTEN", "nowhere"), "grpc.listen"),

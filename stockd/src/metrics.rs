@@ -99,6 +99,10 @@ pub struct Metrics {
     pub redis_errors: IntCounterVec,
     /// `stockd_recomputes_total{result}`: ok, error.
     pub recomputes: IntCounterVec,
+    /// `stockd_move_repairs_total{when}`: rebuilds failed moves asked for: started
+    /// `now`, `deferred` (the gap since the last one was not over), `joined` (one was
+    /// already waiting).
+    pub move_repairs: IntCounterVec,
     /// `stockd_false_sold_out_total`: SOLD_OUT answered while another shard still held
     /// units (rebalancing gave up).
     pub false_sold_out: IntCounter,
@@ -191,6 +195,14 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let move_repairs = IntCounterVec::new(
+            Opts::new(
+                "stockd_move_repairs_total",
+                "Rebuilds asked for by rebalancing moves whose units may be held back, by when",
+            ),
+            &["when"],
+        )
+        .expect("valid metric");
         let false_sold_out = IntCounter::new(
             "stockd_false_sold_out_total",
             "SOLD_OUT answers given while another shard still held units",
@@ -273,6 +285,7 @@ impl Metrics {
             Box::new(reserve_stream_entries.clone()),
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
+            Box::new(move_repairs.clone()),
             Box::new(false_sold_out.clone()),
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
@@ -304,6 +317,7 @@ impl Metrics {
             reserve_stream_entries,
             redis_errors,
             recomputes,
+            move_repairs,
             false_sold_out,
             lost_writes,
             lost_reservations,

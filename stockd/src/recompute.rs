@@ -34,7 +34,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use seckill_lua::calls::RebuildCall;
 use seckill_lua::clock::now_ms;
@@ -73,6 +73,58 @@ pub enum Cause {
     Repair,
 }
 
+// Failed moves and their rebuilds (`stock.move_repair_gap_ms`): a take or give whose
+// outcome is unknown (a timeout, a cut connection) may have moved units no give brought
+// home, and only a rebuild counts them back; but while Redis keeps timing out, every
+// failed move would start another rebuild as soon as the last one ended, each making the
+// activity UNAVAILABLE while it runs. So a failed move within the gap of the last such
+// rebuild waits for the gap to pass, and every failure meanwhile joins that one rebuild.
+// The units held back stay off sale that long (an undersell for a few seconds, never an
+// oversell).
+
+/// The move repairs of one activity: when the last started, whether one waits.
+#[derive(Debug, Default)]
+pub struct MoveRepair {
+    last: Option<Instant>,
+    queued: bool,
+}
+
+/// What to do with a move's request for a rebuild.
+#[derive(Debug, PartialEq, Eq)]
+enum Repair {
+    /// Start it now.
+    Now,
+    /// Start it after this wait (the gap since the last one is not over).
+    After(Duration),
+    /// One already waits; it covers this failure too.
+    Joined,
+}
+
+impl MoveRepair {
+    /// Decides for a request at `now`, and records it.
+    fn ask(&mut self, now: Instant, gap: Duration) -> Repair {
+        if self.queued {
+            return Repair::Joined;
+        }
+        match self.last.map(|last| now.saturating_duration_since(last)) {
+            Some(since) if since < gap => {
+                self.queued = true;
+                Repair::After(gap - since)
+            }
+            _ => {
+                self.last = Some(now);
+                Repair::Now
+            }
+        }
+    }
+
+    /// The waiting request starts at `now`.
+    fn started(&mut self, now: Instant) {
+        self.queued = false;
+        self.last = Some(now);
+    }
+}
+
 /// A reservation read from a stream.
 #[derive(Debug)]
 struct StreamEntry {
@@ -106,6 +158,47 @@ impl App {
         }
         tracing::warn!(activity = entry.id(), why, "recomputing from MySQL");
         self.spawn_rebuild(entry, cause);
+    }
+
+    /// A move (rebalancing take or give) ended in a way that may have left units taken
+    /// and never given: start a rebuild now, or once `stock.move_repair_gap_ms` has
+    /// passed since the last one a move started. The activity stays available meanwhile.
+    pub fn repair_after_move(self: &Arc<Self>, entry: &Arc<ActivityEntry>, why: &'static str) {
+        let decision = entry
+            .move_repair
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ask(
+                Instant::now(),
+                Duration::from_millis(self.config.stock.move_repair_gap_ms),
+            );
+        let label = match decision {
+            Repair::Now => "now",
+            Repair::After(_) => "deferred",
+            Repair::Joined => "joined",
+        };
+        self.metrics.move_repairs.with_label_values(&[label]).inc();
+        match decision {
+            Repair::Now => self.trigger_recompute(entry, Cause::Repair, why),
+            Repair::Joined => {}
+            Repair::After(wait) => {
+                tracing::warn!(activity = entry.id(), why, wait_ms = wait.as_millis() as u64,
+                    "a move may have held units back; rebuilding once the gap since the last such rebuild has passed");
+                let (app, entry) = (self.clone(), entry.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = app.shutdown.clone().wait() => return,
+                    }
+                    entry
+                        .move_repair
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .started(Instant::now());
+                    app.trigger_recompute(&entry, Cause::Repair, why);
+                });
+            }
+        }
     }
 
     /// Runs the rebuild in the background, retrying until it succeeds or the process
@@ -656,6 +749,33 @@ mod tests {
 
     fn mark(e: Option<&str>) -> Mark {
         (e.map(str::to_string), 0)
+    }
+
+    #[test]
+    fn failed_moves_start_at_most_one_rebuild_per_gap_and_none_is_dropped() {
+        let gap = Duration::from_secs(5);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut r = MoveRepair::default();
+        // The first failure rebuilds at once.
+        assert_eq!(r.ask(at(0), gap), Repair::Now);
+        // One within the gap waits for the rest of it; the ones after it join that one.
+        assert_eq!(
+            r.ask(at(1000), gap),
+            Repair::After(Duration::from_millis(4000))
+        );
+        assert_eq!(r.ask(at(1200), gap), Repair::Joined);
+        assert_eq!(r.ask(at(4999), gap), Repair::Joined);
+        // The waiting one starts; the gap counts from it.
+        r.started(at(5000));
+        assert_eq!(
+            r.ask(at(6000), gap),
+            Repair::After(Duration::from_millis(4000))
+        );
+        r.started(at(10_000));
+        // A failure a whole gap later rebuilds at once again.
+        assert_eq!(r.ask(at(15_000), gap), Repair::Now);
+        assert_eq!(r.ask(at(20_000), gap), Repair::Now);
     }
 
     #[test]

@@ -495,7 +495,7 @@ impl App {
             Ok(took) => took,
             Err(e) => {
                 // Timed out or cut after the write: the take may have run.
-                self.trigger_recompute(&entry, Cause::Repair, "a rebalancing take failed");
+                self.repair_after_move(&entry, "a rebalancing take failed");
                 return Err(e);
             }
         };
@@ -530,11 +530,7 @@ impl App {
                 taken,
                 "rebalancing: the take is not on a replica; units held back, rebuilding"
             );
-            self.trigger_recompute(
-                &entry,
-                Cause::Repair,
-                "a rebalancing take was not replicated",
-            );
+            self.repair_after_move(&entry, "a rebalancing take was not replicated");
             return Err(Error::Unavailable(
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
             ));
@@ -544,7 +540,7 @@ impl App {
             Ok(n) => Given::from_reply(n),
             Err(e) => {
                 // The give may not have run: the taken units would be gone for good.
-                self.trigger_recompute(&entry, Cause::Repair, "a rebalancing give failed");
+                self.repair_after_move(&entry, "a rebalancing give failed");
                 return Err(e);
             }
         };
@@ -561,7 +557,7 @@ impl App {
                 // one is started (rare: a rebuild in the middle of a move).
                 tracing::warn!(a, item, donor, home, taken, %epoch, home_epoch = %home_epoch,
                     "rebalancing: a rebuild came between the move's read and its give; units dropped");
-                self.trigger_recompute(&entry, Cause::Repair, "a rebuild came during a move");
+                self.repair_after_move(&entry, "a rebuild came during a move");
                 return Ok(Step::Lost);
             }
             Given::Units(_) => {}

@@ -15,6 +15,7 @@ use seckill_lua::calls::ReserveCall;
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
     create_published_activity, set_shard_stock, shard_stock, spawn_stockd, stream_len, StockClient,
@@ -729,19 +730,25 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
 /// A rebalancing take whose outcome stockd cannot know (it timed out, and Redis ran it
 /// later) takes units from the donor that no give brings home. stockd starts a rebuild
 /// for that case, which counts the units back from MySQL: after it, every unit is either
-/// reserved or in a shard, none lost and none made up.
+/// reserved or in a shard, none lost and none made up. Two such failures at once start
+/// one rebuild at once and one after `stock.move_repair_gap_ms`, not one after the
+/// other back to back.
 ///
-/// The donor's master is paused for writes (`CLIENT PAUSE … WRITE`): the round's scan
-/// (a read) goes through, its `TAKE` waits in the master's queue past stockd's deadline
-/// and runs when the pause ends.
+/// The donors' master is paused for writes (`CLIENT PAUSE … WRITE`): the rounds' scans
+/// (reads) go through, their `TAKE`s wait in the master's queue past stockd's deadline
+/// and run when the pause ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_take_that_timed_out_and_ran_later_loses_no_unit() {
+async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_gap() {
     init_tracing();
     const SHARDS: u32 = 8;
     const UNITS: i64 = 16;
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 300).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.timeout_ms = 300;
+        c.stock.move_repair_gap_ms = 3000;
+    })
+    .await;
     let act =
         create_published_activity(&h, &[(UNITS as u32, 500)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
@@ -756,11 +763,12 @@ async fn a_take_that_timed_out_and_ran_later_loses_no_unit() {
     // buyers (no move), so a buyer homed there can only be served from that master.
     let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
     let donor_master = master_of(0);
-    let home = (0..SHARDS)
-        .find(|&i| master_of(i) != donor_master)
-        .expect("the shards span more than one master");
+    let homes: Vec<u32> = (0..SHARDS)
+        .filter(|&i| master_of(i) != donor_master)
+        .collect();
+    assert!(homes.len() >= 2, "the shards span more than one master");
     let mut reserved = 0i64;
-    for i in (0..SHARDS).filter(|&i| master_of(i) != donor_master) {
+    for &i in &homes {
         for n in 0..2 {
             let user = user_on_shard(&format!("early-{n}"), i, SHARDS);
             let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
@@ -770,31 +778,42 @@ async fn a_take_that_timed_out_and_ran_later_loses_no_unit() {
     }
     let takes_before = takes(&h);
     let ok_before = h.metrics.recomputes.with_label_values(&["ok"]).get();
+    let repairs = |when: &str| h.metrics.move_repairs.with_label_values(&[when]).get();
 
+    // Two buyers of two empty homes at once: two rounds, two takes, both timed out.
     let paused_at = Instant::now();
     cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "1500", "WRITE"]);
-    let user = user_on_shard("late", home, SHARDS);
-    match reserve(&mut c, a, s, &user, "r").await {
-        Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
-        other => tracing::info!(?other, "the late buyer's answer"),
+    let late = homes[..2].iter().map(|&home| {
+        let mut c = c.clone();
+        let user = user_on_shard("late", home, SHARDS);
+        tokio::spawn(async move { reserve(&mut c, a, s, &user, "r").await })
+    });
+    for answer in futures::future::join_all(late).await {
+        match answer.unwrap() {
+            Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
+            other => tracing::info!(?other, "a late buyer's answer"),
+        }
     }
     assert!(
-        takes(&h) > takes_before,
-        "the late buyer's home was empty: a take was sent"
+        takes(&h) >= takes_before + 2,
+        "the late buyers' homes were empty: takes were sent"
     );
+    assert_eq!((repairs("now"), repairs("deferred")), (1, 1));
 
-    // The pause ends and the take runs; then the rebuild the unknown take started
-    // counts the units back.
+    // The pause ends and the takes run; the rebuild started at once counts the units
+    // back, and the deferred one runs a gap later.
     tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused_at.elapsed())).await;
+    let whole = || async {
+        let after = shard_stock(&redis, a, s, SHARDS).await;
+        (after.iter().sum::<i64>() + reserved == UNITS, after)
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let after = shard_stock(&redis, a, s, SHARDS).await;
-        let whole = after.iter().sum::<i64>() + reserved == UNITS;
+        let (whole, after) = whole().await;
         let rebuilt = h.metrics.recomputes.with_label_values(&["ok"]).get() > ok_before;
         if (whole && rebuilt) || Instant::now() > deadline {
-            assert_eq!(
-                after.iter().sum::<i64>() + reserved,
-                UNITS,
+            assert!(
+                whole,
                 "every unit reserved or on sale: shards {after:?}, {reserved} reserved"
             );
             assert!(rebuilt);
@@ -802,5 +821,17 @@ async fn a_take_that_timed_out_and_ran_later_loses_no_unit() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let first_done = Instant::now();
+    wait_until_async("the deferred rebuild", Duration::from_secs(30), || async {
+        h.metrics.recomputes.with_label_values(&["ok"]).get() >= ok_before + 2
+    })
+    .await;
+    assert!(
+        paused_at.elapsed() >= Duration::from_millis(3000),
+        "the second rebuild waited for the gap (first done {:?} after the pause)",
+        first_done - paused_at
+    );
+    let (whole, after) = whole().await;
+    assert!(whole, "still whole after the second rebuild: {after:?}");
     assert_eq!(stream_len(&redis, a, SHARDS).await, reserved);
 }
