@@ -256,6 +256,14 @@ impl Acks {
         again
     }
 
+    /// Waits up to `timeout` for every client's first connection (and so its routing
+    /// table: until then a call fails with "no master known for the slot yet").
+    pub async fn wait_for_connect(&self, timeout: Duration) {
+        for c in &self.clients.all {
+            let _ = tokio::time::timeout(timeout, c.wait_for_connect()).await;
+        }
+    }
+
     pub async fn quit(&self) {
         self.clients.quit().await;
     }

@@ -71,6 +71,7 @@ pub async fn outbox_relay(
     batch: u32,
     shutdown: Shutdown,
 ) {
+    cluster.redis.releases_ready().await;
     loop {
         match relay_once(&db, &cluster, &metrics, batch).await {
             // A full batch all relayed: more may be waiting. A pass with failures pauses
@@ -90,7 +91,8 @@ pub async fn outbox_relay(
 /// One pass over the pending outbox rows of `cluster`'s activities; returns how many it
 /// handled and how many of those failed (left pending). A Redis failure ends the pass
 /// with that error (the cluster is likely down: the other rows would each wait out the
-/// command deadline); they are tried next pass.
+/// command deadline); a return no replica acknowledged ends it too (its master has no
+/// caught-up replica); the rest are tried next pass.
 pub async fn relay_once(
     db: &Db,
     cluster: &Cluster,
@@ -121,6 +123,15 @@ pub async fn relay_once(
                 if matches!(e, Error::Redis(_)) {
                     return Err(e);
                 }
+                // A master without a (caught-up) replica: each of its rows would wait out
+                // the `WAIT` in turn. The pass ends here; the rows tried fewer times go
+                // first next pass, so the other masters' returns are not held up behind
+                // this one's.
+                if matches!(e, Error::Unreplicated(_)) {
+                    tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
+                        "stock return not acknowledged by a replica; this pass ends, will retry");
+                    return Ok((n, failed));
+                }
                 tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
                     "stock return to Redis failed; will retry");
             }
@@ -150,7 +161,10 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         // the flag is idempotent and, when the item is sold out after all, costs one
         // reserve that sets it again; a flag left set after a unit came back would hide
         // that unit from every buyer but those homed on its shard.
-        Release::NotHeld if reason.returns_unit() => {
+        // Only once a replica holds the state it read: while a master has no replica
+        // every pass would clear the flag again and send buyers of a sold-out item on
+        // to stockd.
+        Release::NotHeld if reason.returns_unit() && replicated => {
             redis.clear_sold_out(row.activity_id, row.item_id).await?;
             Ok("not_held")
         }
@@ -162,8 +176,9 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         // MySQL snapshot back. The row stays pending and is tried again next pass.
         Release::Closed => Err(Error::ShardClosed(rid.to_string())),
     }?;
-    // The flag is cleared already (a unit on the master is for sale there now); the row
-    // is done only once a replica holds the release. `CLOSED` wrote nothing.
+    // A released unit's flag is cleared already (the unit is for sale on the master
+    // now); the row is done only once a replica holds the release. `CLOSED` wrote
+    // nothing.
     if !replicated && !matches!(outcome, Release::Closed) {
         return Err(Error::Unreplicated(rid.to_string()));
     }

@@ -470,7 +470,8 @@ impl Validate for Config {
             "redis.replica_ack_timeout_ms",
         )?;
         ensure(
-            self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
+            self.redis.replica_acks == 0
+                || self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
             "redis.replica_ack_timeout_ms",
             "must be below redis.timeout_ms (the whole call's deadline)",
         )?;
@@ -659,6 +660,8 @@ callback_secret = "0123456789abcdef"
             e.starts_with("o.toml: redis.replica_ack_timeout_ms: must be below redis.timeout_ms"),
             "{e}"
         );
+        // Without acknowledgements the ack timeout is not used, and not checked.
+        assert!(load("timeout_ms = 100\nreplica_acks = 0").is_ok());
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub struct Redis {
     acks: Option<Arc<Acks>>,
     /// Deadline of one acknowledged release: the command's and the `WAIT`'s.
     ack_deadline: Duration,
+    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -116,7 +117,17 @@ impl Redis {
             scripts,
             acks,
             ack_deadline: Duration::from_millis(cfg.timeout_ms + cfg.replica_ack_timeout_ms),
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
         })
+    }
+
+    /// Waits up to `redis.connect_timeout_ms` for the release client's first connection,
+    /// so the relay's first pass does not fail for want of a routing table. Returns at
+    /// once without `redis.replica_acks`.
+    pub async fn releases_ready(&self) {
+        if let Some(acks) = &self.acks {
+            acks.wait_for_connect(self.connect_timeout).await;
+        }
     }
 
     /// The underlying client (tests and tools).

@@ -186,8 +186,17 @@ impl App {
                     "a move may have held units back; rebuilding once the gap since the last such rebuild has passed");
                 let (app, entry) = (self.clone(), entry.clone());
                 tokio::spawn(async move {
+                    // Then after any rebuild that runs now: it may have started before
+                    // the failures this one is for, and `trigger_recompute` would drop
+                    // this one while it runs.
+                    let ready = async {
+                        tokio::time::sleep(wait).await;
+                        while entry.recomputing.load(Ordering::Acquire) {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
+                        _ = ready => {}
                         _ = app.shutdown.clone().wait() => return,
                     }
                     entry

@@ -691,14 +691,10 @@ impl App {
             }
             None => return Err(Error::Internal(format!("release answered {parts:?}"))),
         };
-        self.metrics
-            .releases
-            .with_label_values(&[match outcome {
-                Release::Released => "released",
-                Release::NotHeld => "not_held",
-            }])
-            .inc();
-        if outcome == Release::Released {
+        // A released unit is for sale on the master now: clear its flag even before a
+        // replica holds it. A NOT_HELD clears it too, once acknowledged (as orderd's
+        // relay does): it may be the retry of a release whose own clear failed.
+        if outcome == Release::Released || replicated {
             if let Err(e) = self.clear_sold_out(a, s).await {
                 tracing::warn!(a, s, error = %e, "cannot clear the sold-out flag");
             }
@@ -709,6 +705,15 @@ impl App {
                  retry answers NOT_HELD once a replica holds it)"
             )));
         }
+        // Acknowledged outcomes only: an unacknowledged release counts when its retry
+        // answers.
+        self.metrics
+            .releases
+            .with_label_values(&[match outcome {
+                Release::Released => "released",
+                Release::NotHeld => "not_held",
+            }])
+            .inc();
         Ok(outcome)
     }
 }

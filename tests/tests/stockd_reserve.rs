@@ -15,7 +15,6 @@ use seckill_lua::calls::ReserveCall;
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
-use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
     create_published_activity, set_shard_stock, shard_stock, spawn_stockd, stream_len, StockClient,
@@ -730,23 +729,25 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
 /// A rebalancing take whose outcome stockd cannot know (it timed out, and Redis ran it
 /// later) takes units from the donor that no give brings home. stockd starts a rebuild
 /// for that case, which counts the units back from MySQL: after it, every unit is either
-/// reserved or in a shard, none lost and none made up. Two such failures at once start
-/// one rebuild at once and one after `stock.move_repair_gap_ms`, not one after the
-/// other back to back.
+/// reserved or in a shard, none lost and none made up. A second such failure within
+/// `stock.move_repair_gap_ms` of the first rebuild waits for the gap to end instead of
+/// rebuilding at once (a Redis that keeps timing out must not keep the activity
+/// rebuilding), and its units are counted back all the same.
 ///
-/// The donors' master is paused for writes (`CLIENT PAUSE … WRITE`): the rounds' scans
-/// (reads) go through, their `TAKE`s wait in the master's queue past stockd's deadline
-/// and run when the pause ends.
+/// The donors' master is paused for writes (`CLIENT PAUSE … WRITE`, 2.5 s): a round's
+/// scan (a read) goes through, its `TAKE` waits in the master's queue past stockd's
+/// deadline (1 s) and runs when the pause ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_gap() {
     init_tracing();
     const SHARDS: u32 = 8;
     const UNITS: i64 = 16;
+    const GAP: Duration = Duration::from_secs(6);
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
     let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.redis.timeout_ms = 300;
-        c.stock.move_repair_gap_ms = 3000;
+        c.redis.timeout_ms = 1000;
+        c.stock.move_repair_gap_ms = GAP.as_millis() as u64;
     })
     .await;
     let act =
@@ -754,19 +755,108 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     let mut c = h.stock_client().await;
-    assert_eq!(
-        shard_stock(&redis, a, s, SHARDS).await,
-        vec![2; SHARDS as usize]
-    );
 
     // The donors: the shards of one master. Every other shard is bought out by its own
     // buyers (no move), so a buyer homed there can only be served from that master.
+    // (Shard 0 is a donor, and a rebuild's split gives shard 0 a unit first: the
+    // second round finds one there.)
     let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
     let donor_master = master_of(0);
     let homes: Vec<u32> = (0..SHARDS)
         .filter(|&i| master_of(i) != donor_master)
         .collect();
-    assert!(homes.len() >= 2, "the shards span more than one master");
+    assert!(!homes.is_empty(), "the shards span more than one master");
+    let mut reserved = 0i64;
+    let ok = || h.metrics.recomputes.with_label_values(&["ok"]).get();
+    let repairs = |when: &str| h.metrics.move_repairs.with_label_values(&[when]).get();
+    let mut first_failure = None;
+    for (round, want) in [("now", 1), ("deferred", 1)] {
+        let mut bought = 0;
+        for &i in &homes {
+            let n = shard_stock(&redis, a, s, SHARDS).await[i as usize];
+            for k in 0..n {
+                let user = user_on_shard(&format!("{round}-early-{k}"), i, SHARDS);
+                let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+                assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+                bought += 1;
+            }
+        }
+        reserved += bought;
+        let (takes_before, ok_before) = (takes(&h), ok());
+
+        // A buyer of an empty home: its take waits out stockd's deadline.
+        let paused_at = Instant::now();
+        cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "2500", "WRITE"]);
+        let user = user_on_shard(&format!("{round}-late"), homes[0], SHARDS);
+        match reserve(&mut c, a, s, &user, "r").await {
+            Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
+            other => tracing::info!(?other, "the late buyer's answer"),
+        }
+        first_failure.get_or_insert_with(Instant::now);
+        assert!(
+            takes(&h) > takes_before,
+            "{round}: the late buyer's home was empty"
+        );
+        assert_eq!(repairs(round), want, "{round}");
+
+        // The pause ends and the take runs; then a rebuild counts the units back.
+        tokio::time::sleep(Duration::from_millis(2500).saturating_sub(paused_at.elapsed())).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let after = shard_stock(&redis, a, s, SHARDS).await;
+            let whole = after.iter().sum::<i64>() + reserved == UNITS;
+            if (whole && ok() > ok_before) || Instant::now() > deadline {
+                // Read again once settled (one read is one GET after another).
+                let after = shard_stock(&redis, a, s, SHARDS).await;
+                assert_eq!(
+                    after.iter().sum::<i64>() + reserved,
+                    UNITS,
+                    "{round}: every unit reserved or on sale: shards {after:?}, {reserved} reserved"
+                );
+                assert!(ok() > ok_before, "{round}: rebuilt");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The second rebuild started a gap after the first one did (at the first failure).
+    let since = first_failure.expect("set").elapsed();
+    assert!(
+        since >= GAP,
+        "the deferred rebuild came {since:?} after the first failure"
+    );
+    assert_eq!(stream_len(&redis, a, SHARDS).await, reserved);
+}
+
+/// A move whose buyer went away before its units came home (a client deadline) clears
+/// the sold-out flag when the give lands: a round that ran while the units were in
+/// transit may have found every shard empty and set it, and nobody would reserve from
+/// those units to clear it, so they would stay hidden behind the flag.
+///
+/// The donors' master is paused for writes, so the take waits past the buyer's
+/// deadline (stockd's own Redis deadline is longer: the take succeeds); the flag is set
+/// meanwhile, as the racing round would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_out_flag() {
+    init_tracing();
+    const SHARDS: u32 = 8;
+    const UNITS: i64 = 16;
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 5000).await;
+    let act =
+        create_published_activity(&h, &[(UNITS as u32, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+
+    // Every shard off the donors' master bought out by its own buyers.
+    let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
+    let donor_master = master_of(0);
+    let homes: Vec<u32> = (0..SHARDS)
+        .filter(|&i| master_of(i) != donor_master)
+        .collect();
+    assert!(!homes.is_empty(), "the shards span more than one master");
     let mut reserved = 0i64;
     for &i in &homes {
         for n in 0..2 {
@@ -776,62 +866,59 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
             reserved += 1;
         }
     }
-    let takes_before = takes(&h);
-    let ok_before = h.metrics.recomputes.with_label_values(&["ok"]).get();
-    let repairs = |when: &str| h.metrics.move_repairs.with_label_values(&[when]).get();
+    let flag = keys::sold_out(a, s);
+    let flagged = || async {
+        let n: i64 = redis.exists(&flag).await.unwrap();
+        n == 1
+    };
+    assert!(!flagged().await);
 
-    // Two buyers of two empty homes at once: two rounds, two takes, both timed out.
+    // The buyer gives up after 300 ms; the take runs when the pause ends, at 1500 ms.
     let paused_at = Instant::now();
     cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "1500", "WRITE"]);
-    let late = homes[..2].iter().map(|&home| {
-        let mut c = c.clone();
-        let user = user_on_shard("late", home, SHARDS);
-        tokio::spawn(async move { reserve(&mut c, a, s, &user, "r").await })
+    let user = user_on_shard("late", homes[0], SHARDS);
+    let mut request = tonic::Request::new(pb::ReserveRequest {
+        activity_id: a,
+        item_id: s,
+        user_id: user,
+        request_id: "r".into(),
+        ..Default::default()
     });
-    for answer in futures::future::join_all(late).await {
-        match answer.unwrap() {
-            Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
-            other => tracing::info!(?other, "a late buyer's answer"),
-        }
-    }
+    request.set_timeout(Duration::from_millis(300));
+    let gone = c.reserve(request).await.unwrap_err();
     assert!(
-        takes(&h) >= takes_before + 2,
-        "the late buyers' homes were empty: takes were sent"
+        matches!(
+            gone.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{gone:?}"
     );
-    assert_eq!((repairs("now"), repairs("deferred")), (1, 1));
+    // A round that saw every shard empty sets the flag (sent during the pause: it lands
+    // before the give's clear whichever master holds it).
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(1200),
+        "set during the pause"
+    );
+    let _: () = redis.set(&flag, "1", None, None, false).await.unwrap();
 
-    // The pause ends and the takes run; the rebuild started at once counts the units
-    // back, and the deferred one runs a gap later.
-    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(paused_at.elapsed())).await;
-    let whole = || async {
-        let after = shard_stock(&redis, a, s, SHARDS).await;
-        (after.iter().sum::<i64>() + reserved == UNITS, after)
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The give lands with nobody waiting: the units are on sale, and not hidden.
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (whole, after) = whole().await;
-        let rebuilt = h.metrics.recomputes.with_label_values(&["ok"]).get() > ok_before;
-        if (whole && rebuilt) || Instant::now() > deadline {
+        let shards = shard_stock(&redis, a, s, SHARDS).await;
+        let home_units = shards[homes[0] as usize];
+        let flag_set = flagged().await;
+        if (home_units > 0 && !flag_set) || Instant::now() > deadline {
+            assert!(home_units > 0, "the units came home: {shards:?}");
             assert!(
-                whole,
-                "every unit reserved or on sale: shards {after:?}, {reserved} reserved"
+                !flag_set,
+                "units on sale at {shards:?} behind a sold-out flag"
             );
-            assert!(rebuilt);
+            // Read again: one read of the shards is one GET after another, and may have
+            // seen the donor before the take and the home after the give.
+            let shards = shard_stock(&redis, a, s, SHARDS).await;
+            assert_eq!(shards.iter().sum::<i64>() + reserved, UNITS, "{shards:?}");
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let first_done = Instant::now();
-    wait_until_async("the deferred rebuild", Duration::from_secs(30), || async {
-        h.metrics.recomputes.with_label_values(&["ok"]).get() >= ok_before + 2
-    })
-    .await;
-    assert!(
-        paused_at.elapsed() >= Duration::from_millis(3000),
-        "the second rebuild waited for the gap (first done {:?} after the pause)",
-        first_done - paused_at
-    );
-    let (whole, after) = whole().await;
-    assert!(whole, "still whole after the second rebuild: {after:?}");
-    assert_eq!(stream_len(&redis, a, SHARDS).await, reserved);
 }
