@@ -118,6 +118,23 @@ pub fn ensure_range<T: PartialOrd + std::fmt::Display>(
     ensure(range.contains(&value), field, problem)
 }
 
+/// `redis.replica_acks` (0..=5) and `redis.replica_ack_timeout_ms` (1..=10000, and below
+/// `redis.timeout_ms`, the whole call's deadline, when acknowledgements are asked for):
+/// the same fields in stockd and orderd.
+pub fn ensure_replica_acks(
+    acks: u32,
+    ack_timeout_ms: u64,
+    timeout_ms: u64,
+) -> Result<(), FieldError> {
+    ensure_range(acks, 0..=5, "redis.replica_acks")?;
+    ensure_range(ack_timeout_ms, 1..=10_000, "redis.replica_ack_timeout_ms")?;
+    ensure(
+        acks == 0 || ack_timeout_ms < timeout_ms,
+        "redis.replica_ack_timeout_ms",
+        "must be below redis.timeout_ms (the whole call's deadline)",
+    )
+}
+
 /// Fails with `field` unless `value` is `host:port` (a non-empty host and a port number).
 pub fn ensure_host_port(value: &str, field: &str) -> Result<(), FieldError> {
     ensure(is_host_port(value), field, "must be host:port")

@@ -463,17 +463,10 @@ impl Validate for Config {
             1..=60_000,
             "redis.connect_timeout_ms",
         )?;
-        ensure_range(self.redis.replica_acks, 0..=5, "redis.replica_acks")?;
-        ensure_range(
+        seckill_daemon::config::ensure_replica_acks(
+            self.redis.replica_acks,
             self.redis.replica_ack_timeout_ms,
-            1..=10_000,
-            "redis.replica_ack_timeout_ms",
-        )?;
-        ensure(
-            self.redis.replica_acks == 0
-                || self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
-            "redis.replica_ack_timeout_ms",
-            "must be below redis.timeout_ms (the whole call's deadline)",
+            self.redis.timeout_ms,
         )?;
         ensure(
             self.mysql.url.starts_with("mysql://"),

@@ -68,27 +68,11 @@ impl Redis {
     /// clusters ([`crate::clusters`]). Scripts are called by SHA, loaded on this
     /// cluster on `NOSCRIPT`. Needs a Tokio runtime (it spawns the connection task).
     pub fn start(nodes: &[String], cfg: &RedisConfig) -> Result<Self> {
-        // Stream reads, acks and claims are idempotent; a lost connection retries them.
-        let retries = Retries {
-            command_attempts: 3,
-            reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
-        };
-        let builder = seckill_daemon::redis::builder(
-            nodes,
-            Duration::from_millis(cfg.timeout_ms),
-            Duration::from_millis(cfg.connect_timeout_ms),
-            retries,
-        );
         // The reconnect policy applies to the first connection too (the builder's
-        // `fail_fast = false`).
-        let client = builder.build()?;
-        // The task drives the connections until `quit`; it is not awaited.
-        drop(client.connect());
-        let scripts = Scripts::new();
-        let acks = if cfg.replica_acks > 0 {
-            // One client: the relay of a cluster sends one release at a time.
+        // `fail_fast = false`); the task drives the connections until `quit`.
+        let connect = |command_attempts| -> Result<Client> {
             let retries = Retries {
-                command_attempts: 1,
+                command_attempts,
                 reconnect: ReconnectPolicy::new_exponential(0, 100, 2000, 2),
             };
             let c = seckill_daemon::redis::builder(
@@ -99,6 +83,15 @@ impl Redis {
             )
             .build()?;
             drop(c.connect());
+            Ok(c)
+        };
+        // Stream reads, acks and claims are idempotent; a lost connection retries them.
+        let client = connect(3)?;
+        let scripts = Scripts::new();
+        let acks = if cfg.replica_acks > 0 {
+            // One client: the relay of a cluster sends one release at a time. A release
+            // is idempotent too, but its retry is the relay's next pass.
+            let c = connect(1)?;
             // orderd does not count script reloads (neither does its other client).
             let reloads = prometheus::IntCounter::new("orderd_ack_script_reloads", "unused")
                 .expect("valid metric");

@@ -373,16 +373,10 @@ impl Validate for Config {
             "redis.connect_timeout_ms",
         )?;
         ensure_range(self.redis.pool_size, 1..=64, "redis.pool_size")?;
-        ensure_range(self.redis.replica_acks, 0..=5, "redis.replica_acks")?;
-        ensure_range(
+        seckill_daemon::config::ensure_replica_acks(
+            self.redis.replica_acks,
             self.redis.replica_ack_timeout_ms,
-            1..=10_000,
-            "redis.replica_ack_timeout_ms",
-        )?;
-        ensure(
-            self.redis.replica_ack_timeout_ms < self.redis.timeout_ms,
-            "redis.replica_ack_timeout_ms",
-            "must be below redis.timeout_ms (the whole call's deadline)",
+            self.redis.timeout_ms,
         )?;
         ensure_range(self.redis.ack_connections, 1..=256, "redis.ack_connections")?;
         ensure(

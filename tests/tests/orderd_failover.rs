@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use seckill_lua::keys;
 use seckill_proto::pb::{self, ChangeOutcome};
 use seckill_tests::orderd::{
-    mysql_stock, reserve_direct, seed_activity, spawn_orderd, wait_orders,
+    mysql_stock, reserve_direct, seed_activity, spawn_orderd, wait_orders, OrderdHandle,
 };
 use seckill_tests::process::{wait_until, wait_until_async};
 use seckill_tests::redis::Persistence;
@@ -38,19 +38,31 @@ fn unreplicated(m: &orderd::Metrics) -> u64 {
         .get()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_loses_it() {
+/// One unit of a one-shard sale held by bob's pending order, on a replicated cluster
+/// whose replica of the shard's master holds it too; orderd runs with `replica_acks`.
+struct Sold {
+    cluster: RedisCluster,
+    db: TestDb,
+    orderd: OrderdHandle,
+    /// bob's reservation (and order) id.
+    rid: String,
+    s: u64,
+    stock_key: String,
+    buyers_key: String,
+    master: u16,
+    replica: u16,
+}
+
+async fn sold_to_bob(persistence: Persistence) -> Sold {
     init_tracing();
-    let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::AofEverySec);
+    let cluster = RedisCluster::start_replicated(3, 1, persistence);
     let db = TestDb::create().await;
     let redis = cluster.client().await;
     let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
     let (a, s) = (seeded.activity, seeded.items[0]);
     let stock_key = keys::stock(a, 0, s);
-    let buyers_key = keys::buyers(a, 0, s);
     let master = cluster.master_of_key(&keys::fence(a, 0));
     let replica = cluster.replicas_of(master)[0];
-
     let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
     let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
     assert_eq!(r.outcome, "RESERVED");
@@ -63,23 +75,54 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
             || cluster.get_on(replica, &stock_key).as_deref() == Some("4"),
         )
     });
+    Sold {
+        orderd,
+        rid: r.rid,
+        s,
+        buyers_key: keys::buyers(a, 0, s),
+        stock_key,
+        master,
+        replica,
+        cluster,
+        db,
+    }
+}
 
-    // The replica stalls and loses its link; bob cancels; the release reaches the master
-    // only, and the relay's WAIT times out.
-    let stalled_at = Instant::now();
-    let stall = cluster.stall(replica, STALL_MS);
-    cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
+/// bob cancels: the order's unit goes back through the relay.
+async fn cancel(orderd: &OrderdHandle, rid: &str) {
     let done = orderd
         .order_client()
         .await
         .cancel(pb::CancelRequest {
-            order_id: r.rid.clone(),
+            order_id: rid.into(),
             user_id: "bob".into(),
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(done.outcome(), ChangeOutcome::Applied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_loses_it() {
+    let Sold {
+        mut cluster,
+        db,
+        orderd,
+        rid,
+        s,
+        stock_key,
+        buyers_key,
+        master,
+        replica,
+    } = sold_to_bob(Persistence::AofEverySec).await;
+
+    // The replica stalls and loses its link; bob cancels; the release reaches the master
+    // only, and the relay's WAIT times out.
+    let stalled_at = Instant::now();
+    let stall = cluster.stall(replica, STALL_MS);
+    cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
+    cancel(&orderd, &rid).await;
     wait_until_async(
         "the relay released on the master and no replica acknowledged it",
         Duration::from_secs(3),
@@ -155,42 +198,20 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
 /// that move a connection's offset on writes only (7.0 moves it on reads too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
-    init_tracing();
-    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
-    let db = TestDb::create().await;
-    let redis = cluster.client().await;
-    let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
-    let (a, s) = (seeded.activity, seeded.items[0]);
-    let stock_key = keys::stock(a, 0, s);
-    let master = cluster.master_of_key(&keys::fence(a, 0));
-    let replica = cluster.replicas_of(master)[0];
-
-    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
-    let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
-    assert_eq!(r.outcome, "RESERVED");
-    wait_orders(&db, 1, Duration::from_secs(30)).await;
-    tokio::task::block_in_place(|| {
-        wait_until(
-            "the replica holds the reservation",
-            Duration::from_secs(10),
-            || cluster.get_on(replica, &stock_key).as_deref() == Some("4"),
-        )
-    });
+    let Sold {
+        cluster,
+        db,
+        orderd,
+        rid,
+        stock_key,
+        replica,
+        ..
+    } = sold_to_bob(Persistence::None).await;
 
     // The replica stalls (its link stays up: it is still counted as connected).
     let stalled_at = Instant::now();
     let stall = cluster.stall(replica, STALL_MS);
-    let done = orderd
-        .order_client()
-        .await
-        .cancel(pb::CancelRequest {
-            order_id: r.rid.clone(),
-            user_id: "bob".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    cancel(&orderd, &rid).await;
     wait_until_async(
         "the first release, unacknowledged",
         Duration::from_secs(3),

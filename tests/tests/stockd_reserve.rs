@@ -726,6 +726,90 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
     assert_eq!(shard_stock(redis, a, s, 2).await, [0, 0]);
 }
 
+/// A sale of 16 units over 8 shards on a 3-master cluster, split by master: the donors
+/// are the shards of shard 0's master, the homes every other shard. Once the homes are
+/// bought out, a buyer homed on one can only be served by a move from that master,
+/// which the tests then pause for writes.
+struct OneMasterDonates {
+    cluster: RedisCluster,
+    _db: TestDb,
+    h: StockdHandle,
+    c: StockClient,
+    redis: fred::clients::Client,
+    a: u64,
+    s: u64,
+    donor_master: u16,
+    homes: Vec<u32>,
+}
+
+impl OneMasterDonates {
+    const SHARDS: u32 = 8;
+    const UNITS: i64 = 16;
+
+    async fn start(tweak: impl FnOnce(&mut stockd::Config)) -> Self {
+        init_tracing();
+        let cluster = RedisCluster::start();
+        let db = TestDb::create().await;
+        let h = spawn_stockd(&Deps::new(&cluster, &db), tweak).await;
+        let act = create_published_activity(
+            &h,
+            &[(Self::UNITS as u32, 500)],
+            Self::SHARDS,
+            Duration::ZERO,
+            HOUR,
+        )
+        .await;
+        let (a, s) = (act.id, act.items[0].id);
+        let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
+        let donor_master = master_of(0);
+        let homes: Vec<u32> = (0..Self::SHARDS)
+            .filter(|&i| master_of(i) != donor_master)
+            .collect();
+        assert!(!homes.is_empty(), "the shards span more than one master");
+        Self {
+            redis: cluster.client().await,
+            c: h.stock_client().await,
+            cluster,
+            _db: db,
+            h,
+            a,
+            s,
+            donor_master,
+            homes,
+        }
+    }
+
+    async fn shards(&self) -> Vec<i64> {
+        shard_stock(&self.redis, self.a, self.s, Self::SHARDS).await
+    }
+
+    /// Every home shard's units reserved by buyers homed there (no move); how many.
+    async fn buy_out_homes(&self, prefix: &str) -> i64 {
+        let mut c = self.c.clone();
+        let mut bought = 0;
+        for &i in &self.homes {
+            let n = self.shards().await[i as usize];
+            for k in 0..n {
+                let user = user_on_shard(&format!("{prefix}-{k}"), i, Self::SHARDS);
+                let r = reserve(&mut c, self.a, self.s, &user, "r").await.unwrap();
+                assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+                bought += 1;
+            }
+        }
+        bought
+    }
+
+    /// Pauses the donors' master for writes for `ms`.
+    fn pause_donors(&self, ms: u64) -> Instant {
+        let at = Instant::now();
+        self.cluster.cli_at(
+            self.donor_master,
+            &["CLIENT", "PAUSE", &ms.to_string(), "WRITE"],
+        );
+        at
+    }
+}
+
 /// A rebalancing take whose outcome stockd cannot know (it timed out, and Redis ran it
 /// later) takes units from the donor that no give brings home. stockd starts a rebuild
 /// for that case, which counts the units back from MySQL: after it, every unit is either
@@ -739,62 +823,40 @@ async fn moves_work_between_shards_warmed_under_different_epochs() {
 /// deadline (1 s) and runs when the pause ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_gap() {
-    init_tracing();
-    const SHARDS: u32 = 8;
-    const UNITS: i64 = 16;
     const GAP: Duration = Duration::from_secs(6);
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+    let sale = OneMasterDonates::start(|c| {
         c.redis.timeout_ms = 1000;
         c.stock.move_repair_gap_ms = GAP.as_millis() as u64;
     })
     .await;
-    let act =
-        create_published_activity(&h, &[(UNITS as u32, 500)], SHARDS, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let redis = cluster.client().await;
-    let mut c = h.stock_client().await;
-
-    // The donors: the shards of one master. Every other shard is bought out by its own
-    // buyers (no move), so a buyer homed there can only be served from that master.
-    // (Shard 0 is a donor, and a rebuild's split gives shard 0 a unit first: the
-    // second round finds one there.)
-    let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
-    let donor_master = master_of(0);
-    let homes: Vec<u32> = (0..SHARDS)
-        .filter(|&i| master_of(i) != donor_master)
-        .collect();
-    assert!(!homes.is_empty(), "the shards span more than one master");
+    let (a, s, h) = (sale.a, sale.s, &sale.h);
+    let mut c = sale.c.clone();
+    const UNITS: i64 = OneMasterDonates::UNITS;
+    // (Shard 0 is a donor, and a rebuild's split gives shard 0 a unit first: the second
+    // round finds one there.)
     let mut reserved = 0i64;
     let ok = || h.metrics.recomputes.with_label_values(&["ok"]).get();
     let repairs = |when: &str| h.metrics.move_repairs.with_label_values(&[when]).get();
     let mut first_failure = None;
     for (round, want) in [("now", 1), ("deferred", 1)] {
-        let mut bought = 0;
-        for &i in &homes {
-            let n = shard_stock(&redis, a, s, SHARDS).await[i as usize];
-            for k in 0..n {
-                let user = user_on_shard(&format!("{round}-early-{k}"), i, SHARDS);
-                let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
-                assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
-                bought += 1;
-            }
-        }
+        let bought = sale.buy_out_homes(&format!("{round}-early")).await;
         reserved += bought;
-        let (takes_before, ok_before) = (takes(&h), ok());
+        let (takes_before, ok_before) = (takes(h), ok());
 
         // A buyer of an empty home: its take waits out stockd's deadline.
-        let paused_at = Instant::now();
-        cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "2500", "WRITE"]);
-        let user = user_on_shard(&format!("{round}-late"), homes[0], SHARDS);
+        let paused_at = sale.pause_donors(2500);
+        let user = user_on_shard(
+            &format!("{round}-late"),
+            sale.homes[0],
+            OneMasterDonates::SHARDS,
+        );
         match reserve(&mut c, a, s, &user, "r").await {
             Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
             other => tracing::info!(?other, "the late buyer's answer"),
         }
         first_failure.get_or_insert_with(Instant::now);
         assert!(
-            takes(&h) > takes_before,
+            takes(h) > takes_before,
             "{round}: the late buyer's home was empty"
         );
         assert_eq!(repairs(round), want, "{round}");
@@ -803,11 +865,11 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
         tokio::time::sleep(Duration::from_millis(2500).saturating_sub(paused_at.elapsed())).await;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let after = shard_stock(&redis, a, s, SHARDS).await;
+            let after = sale.shards().await;
             let whole = after.iter().sum::<i64>() + reserved == UNITS;
             if (whole && ok() > ok_before) || Instant::now() > deadline {
                 // Read again once settled (one read is one GET after another).
-                let after = shard_stock(&redis, a, s, SHARDS).await;
+                let after = sale.shards().await;
                 assert_eq!(
                     after.iter().sum::<i64>() + reserved,
                     UNITS,
@@ -825,7 +887,10 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
         since >= GAP,
         "the deferred rebuild came {since:?} after the first failure"
     );
-    assert_eq!(stream_len(&redis, a, SHARDS).await, reserved);
+    assert_eq!(
+        stream_len(&sale.redis, a, OneMasterDonates::SHARDS).await,
+        reserved
+    );
 }
 
 /// A move whose buyer went away before its units came home (a client deadline) clears
@@ -838,34 +903,10 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
 /// meanwhile, as the racing round would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_out_flag() {
-    init_tracing();
-    const SHARDS: u32 = 8;
-    const UNITS: i64 = 16;
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 5000).await;
-    let act =
-        create_published_activity(&h, &[(UNITS as u32, 500)], SHARDS, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let redis = cluster.client().await;
-    let mut c = h.stock_client().await;
-
-    // Every shard off the donors' master bought out by its own buyers.
-    let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
-    let donor_master = master_of(0);
-    let homes: Vec<u32> = (0..SHARDS)
-        .filter(|&i| master_of(i) != donor_master)
-        .collect();
-    assert!(!homes.is_empty(), "the shards span more than one master");
-    let mut reserved = 0i64;
-    for &i in &homes {
-        for n in 0..2 {
-            let user = user_on_shard(&format!("early-{n}"), i, SHARDS);
-            let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
-            assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
-            reserved += 1;
-        }
-    }
+    let sale = OneMasterDonates::start(|c| c.redis.timeout_ms = 5000).await;
+    let (a, s, redis) = (sale.a, sale.s, &sale.redis);
+    let mut c = sale.c.clone();
+    let reserved = sale.buy_out_homes("early").await;
     let flag = keys::sold_out(a, s);
     let flagged = || async {
         let n: i64 = redis.exists(&flag).await.unwrap();
@@ -874,9 +915,9 @@ async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_
     assert!(!flagged().await);
 
     // The buyer gives up after 300 ms; the take runs when the pause ends, at 1500 ms.
-    let paused_at = Instant::now();
-    cluster.cli_at(donor_master, &["CLIENT", "PAUSE", "1500", "WRITE"]);
-    let user = user_on_shard("late", homes[0], SHARDS);
+    let paused_at = sale.pause_donors(1500);
+    let home = sale.homes[0];
+    let user = user_on_shard("late", home, OneMasterDonates::SHARDS);
     let mut request = tonic::Request::new(pb::ReserveRequest {
         activity_id: a,
         item_id: s,
@@ -904,8 +945,8 @@ async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_
     // The give lands with nobody waiting: the units are on sale, and not hidden.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let shards = shard_stock(&redis, a, s, SHARDS).await;
-        let home_units = shards[homes[0] as usize];
+        let shards = sale.shards().await;
+        let home_units = shards[home as usize];
         let flag_set = flagged().await;
         if (home_units > 0 && !flag_set) || Instant::now() > deadline {
             assert!(home_units > 0, "the units came home: {shards:?}");
@@ -915,8 +956,12 @@ async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_
             );
             // Read again: one read of the shards is one GET after another, and may have
             // seen the donor before the take and the home after the give.
-            let shards = shard_stock(&redis, a, s, SHARDS).await;
-            assert_eq!(shards.iter().sum::<i64>() + reserved, UNITS, "{shards:?}");
+            let shards = sale.shards().await;
+            assert_eq!(
+                shards.iter().sum::<i64>() + reserved,
+                OneMasterDonates::UNITS,
+                "{shards:?}"
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
