@@ -32,9 +32,26 @@ fn acked(c: &mut orderd::config::Config) {
     c.redis.timeout_ms = 1000;
 }
 
-fn unreplicated(m: &orderd::Metrics) -> u64 {
-    m.stock_return_retries
-        .with_label_values(&["unreplicated"])
+/// Waits until `orderd`'s relay has left a return pending for want of a replica's
+/// acknowledgement at least once.
+async fn unacknowledged(orderd: &OrderdHandle, what: &str, within: Duration) {
+    wait_until_async(what, within, || async {
+        orderd
+            .metrics
+            .stock_return_retries
+            .with_label_values(&["unreplicated"])
+            .get()
+            >= 1
+    })
+    .await;
+}
+
+/// Returns `orderd` marked done after finding the record gone (NOT_HELD).
+fn not_held(orderd: &OrderdHandle) -> u64 {
+    orderd
+        .metrics
+        .stock_returns
+        .with_label_values(&["not_held"])
         .get()
 }
 
@@ -123,10 +140,10 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
     let stall = cluster.stall(replica, STALL_MS);
     cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
     cancel(&orderd, &rid).await;
-    wait_until_async(
+    unacknowledged(
+        &orderd,
         "the relay released on the master and no replica acknowledged it",
         Duration::from_secs(3),
-        || async { unreplicated(&orderd.metrics) >= 1 },
     )
     .await;
     assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
@@ -156,10 +173,10 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
 
     // orderd again: it releases on the new master, which has no replica yet.
     let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
-    wait_until_async(
+    unacknowledged(
+        &orderd,
         "the relay released on the new master, which has no replica",
         Duration::from_secs(30),
-        || async { unreplicated(&orderd.metrics) >= 1 },
     )
     .await;
     assert_eq!(cluster.get_on(promoted, &stock_key).as_deref(), Some("5"));
@@ -171,11 +188,7 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
     })
     .await;
     assert_eq!(
-        orderd
-            .metrics
-            .stock_returns
-            .with_label_values(&["not_held"])
-            .get(),
+        not_held(&orderd),
         1,
         "the acknowledged pass found the record gone (released by the pass before it)"
     );
@@ -212,20 +225,20 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
     let stalled_at = Instant::now();
     let stall = cluster.stall(replica, STALL_MS);
     cancel(&orderd, &rid).await;
-    wait_until_async(
+    unacknowledged(
+        &orderd,
         "the first release, unacknowledged",
         Duration::from_secs(3),
-        || async { unreplicated(&orderd.metrics) >= 1 },
     )
     .await;
     orderd.stop().await.unwrap();
 
     // A new orderd retries on connections of its own.
     let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
-    wait_until_async(
+    unacknowledged(
+        &orderd,
         "the retry (NOT_HELD), unacknowledged while the replica is stalled",
         Duration::from_secs(3),
-        || async { unreplicated(&orderd.metrics) >= 1 },
     )
     .await;
     assert!(
@@ -237,14 +250,7 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
         1,
         "not done while no replica holds it"
     );
-    assert_eq!(
-        orderd
-            .metrics
-            .stock_returns
-            .with_label_values(&["not_held"])
-            .get(),
-        0
-    );
+    assert_eq!(not_held(&orderd), 0);
 
     // The replica runs again: the next pass is acknowledged, and the replica holds it.
     stall.join();
@@ -253,14 +259,7 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
     })
     .await;
     assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("5"));
-    assert_eq!(
-        orderd
-            .metrics
-            .stock_returns
-            .with_label_values(&["not_held"])
-            .get(),
-        1
-    );
+    assert_eq!(not_held(&orderd), 1);
 }
 
 async fn pending_returns(db: &TestDb) -> i64 {
