@@ -61,20 +61,20 @@ pub struct Acks {
     clients: Clients,
     lanes: Mutex<HashMap<Server, Arc<Lane>>>,
     scripts: Scripts,
-    /// Counts the script reloads a `NOSCRIPT` caused.
-    reloads: IntCounter,
+    /// Counts the script reloads a `NOSCRIPT` caused, when the caller counts them.
+    reloads: Option<IntCounter>,
     replicas: i64,
     timeout_ms: i64,
 }
 
 impl Acks {
     /// Calls through `clients` (each lent to one pipeline at a time), waiting for
-    /// `replicas` replicas up to `timeout` per pipeline; `reloads` counts the script
-    /// reloads after `NOSCRIPT`.
+    /// `replicas` replicas up to `timeout` per pipeline; `reloads`, if any, counts the
+    /// script reloads after `NOSCRIPT`.
     pub fn new(
         clients: Vec<Client>,
         scripts: Scripts,
-        reloads: IntCounter,
+        reloads: Option<IntCounter>,
         replicas: u32,
         timeout: Duration,
     ) -> Self {
@@ -243,7 +243,11 @@ impl Acks {
         if reload {
             tracing::info!("NOSCRIPT: loading scripts again");
             match self.scripts.reload_after(client, mark).await {
-                Ok(true) => self.reloads.inc(),
+                Ok(true) => {
+                    if let Some(reloads) = &self.reloads {
+                        reloads.inc();
+                    }
+                }
                 Ok(false) => {}
                 Err(e) => {
                     for j in again {

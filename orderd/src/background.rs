@@ -120,20 +120,20 @@ pub async fn relay_once(
                     .with_label_values(&[reason])
                     .inc();
                 db.mark_return_failed(row.id, &e.to_string()).await?;
-                if matches!(e, Error::Redis(_)) {
-                    return Err(e);
+                match e {
+                    Error::Redis(_) => return Err(e),
+                    // A master without a (caught-up) replica: each of its rows would wait
+                    // out the `WAIT` in turn. The pass ends here; the rows tried fewer
+                    // times go first next pass, so the other masters' returns are not held
+                    // up behind this one's.
+                    Error::Unreplicated(_) => {
+                        tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
+                            "stock return not acknowledged by a replica; this pass ends, will retry");
+                        return Ok((n, failed));
+                    }
+                    _ => tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
+                        "stock return to Redis failed; will retry"),
                 }
-                // A master without a (caught-up) replica: each of its rows would wait out
-                // the `WAIT` in turn. The pass ends here; the rows tried fewer times go
-                // first next pass, so the other masters' returns are not held up behind
-                // this one's.
-                if matches!(e, Error::Unreplicated(_)) {
-                    tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
-                        "stock return not acknowledged by a replica; this pass ends, will retry");
-                    return Ok((n, failed));
-                }
-                tracing::warn!(order = %row.order_id, cluster = %cluster.name, error = %e,
-                    "stock return to Redis failed; will retry");
             }
         }
     }

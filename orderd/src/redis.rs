@@ -93,12 +93,10 @@ impl Redis {
             // is idempotent too, but its retry is the relay's next pass.
             let c = connect(1)?;
             // orderd does not count script reloads (neither does its other client).
-            let reloads = prometheus::IntCounter::new("orderd_ack_script_reloads", "unused")
-                .expect("valid metric");
             Some(Arc::new(Acks::new(
                 vec![c],
                 scripts.clone(),
-                reloads,
+                None,
                 cfg.replica_acks,
                 Duration::from_millis(cfg.replica_ack_timeout_ms),
             )))

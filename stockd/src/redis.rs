@@ -153,7 +153,7 @@ impl Redis {
             Some(std::sync::Arc::new(Acks::new(
                 clients,
                 scripts.clone(),
-                metrics.redis_errors.with_label_values(&["noscript"]),
+                Some(metrics.redis_errors.with_label_values(&["noscript"])),
                 cfg.replica_acks,
                 Duration::from_millis(cfg.replica_ack_timeout_ms),
             )))
