@@ -185,7 +185,7 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
     Ok(done)
 }
 
-/// Refreshes the orders-by-state and dead-letter gauges every 5 s.
+/// Refreshes the orders-by-state, dead-letter and pending-return gauges every 5 s.
 pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
     loop {
         if let Ok(rows) = db.count_by_state().await {
@@ -203,6 +203,13 @@ pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
         }
         if let Ok(n) = db.unreplayed_dead_letters().await {
             metrics.dead_letters.set(n as i64);
+        }
+        if let Ok((n, oldest)) = db.pending_return_stats().await {
+            metrics.stock_returns_pending.set(n as i64);
+            let age = oldest.map_or(0.0, |t| {
+                (crate::model::now() - t).num_milliseconds().max(0) as f64 / 1000.0
+            });
+            metrics.stock_return_oldest_pending_seconds.set(age);
         }
         if !pause(Duration::from_secs(5), &shutdown).await {
             return;

@@ -11,13 +11,24 @@
 //! - `orderd_stock_returns_total{outcome}`: outbox rows relayed to Redis.
 //! - `orderd_stock_return_retries_total{reason}`: outbox rows left pending for the next
 //!   pass (`shard_closed`, `unreplicated`, `error`).
+//! - `orderd_stock_returns_pending`, `orderd_stock_return_oldest_pending_seconds`: outbox
+//!   rows not yet relayed (every cluster's, read from MySQL) and the age of the oldest,
+//!   refreshed periodically: units cancelled or timed out that are not back on sale yet.
 //! - `orderd_timeouts_total`: orders cancelled by the payment timeout.
 //! - `orderd_unknown_cluster_activities`: published activities placed on a Redis cluster
 //!   this orderd is not configured with (their streams are not consumed).
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
+
+/// The values of `orderd_stock_returns_total{outcome}`, exported at 0 from the start.
+pub const RETURN_OUTCOMES: [&str; 4] =
+    ["released", "buyer_dropped", "not_held", "closed_sale_over"];
+/// The values of `orderd_stock_return_retries_total{reason}`, exported at 0 from the start
+/// (so `increase()` sees a series' first retry).
+pub const RETRY_REASONS: [&str; 3] = ["shard_closed", "unreplicated", "error"];
 
 /// Every metric orderd exports, and the registry they live in.
 #[derive(Clone)]
@@ -33,6 +44,8 @@ pub struct Metrics {
     pub batch_failures: IntCounter,
     pub stock_returns: IntCounterVec,
     pub stock_return_retries: IntCounterVec,
+    pub stock_returns_pending: IntGauge,
+    pub stock_return_oldest_pending_seconds: Gauge,
     pub timeouts: IntCounter,
     pub unknown_cluster_activities: IntGauge,
 }
@@ -117,6 +130,22 @@ impl Metrics {
             &["reason"],
         )
         .expect("valid metric");
+        for outcome in RETURN_OUTCOMES {
+            stock_returns.with_label_values(&[outcome]);
+        }
+        for reason in RETRY_REASONS {
+            stock_return_retries.with_label_values(&[reason]);
+        }
+        let stock_returns_pending = IntGauge::new(
+            "orderd_stock_returns_pending",
+            "Stock-return outbox rows not yet relayed to Redis (every cluster's, from MySQL)",
+        )
+        .expect("valid metric");
+        let stock_return_oldest_pending_seconds = Gauge::new(
+            "orderd_stock_return_oldest_pending_seconds",
+            "Age of the oldest stock-return outbox row not yet relayed (0 when none)",
+        )
+        .expect("valid metric");
         let timeouts = IntCounter::new(
             "orderd_timeouts_total",
             "Orders cancelled because the payment deadline passed",
@@ -139,6 +168,8 @@ impl Metrics {
             Box::new(batch_failures.clone()),
             Box::new(stock_returns.clone()),
             Box::new(stock_return_retries.clone()),
+            Box::new(stock_returns_pending.clone()),
+            Box::new(stock_return_oldest_pending_seconds.clone()),
             Box::new(timeouts.clone()),
             Box::new(unknown_cluster_activities.clone()),
         ] {
@@ -156,6 +187,8 @@ impl Metrics {
             batch_failures,
             stock_returns,
             stock_return_retries,
+            stock_returns_pending,
+            stock_return_oldest_pending_seconds,
             timeouts,
             unknown_cluster_activities,
         }

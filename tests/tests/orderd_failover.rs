@@ -251,6 +251,17 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
         "not done while no replica holds it"
     );
     assert_eq!(not_held(&orderd), 0);
+    // The operators see it: one return waiting (the gauges are read from MySQL at start
+    // and every 5 s), since the cancel.
+    wait_until_async(
+        "the pending-return gauges",
+        Duration::from_secs(6),
+        || async {
+            orderd.metrics.stock_returns_pending.get() == 1
+                && orderd.metrics.stock_return_oldest_pending_seconds.get() > 0.0
+        },
+    )
+    .await;
 
     // The replica runs again: the next pass is acknowledged, and the replica holds it.
     stall.join();
@@ -260,6 +271,11 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
     .await;
     assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("5"));
     assert_eq!(not_held(&orderd), 1);
+    wait_until_async("the gauges drop to 0", Duration::from_secs(12), || async {
+        orderd.metrics.stock_returns_pending.get() == 0
+            && orderd.metrics.stock_return_oldest_pending_seconds.get() == 0.0
+    })
+    .await;
 }
 
 async fn pending_returns(db: &TestDb) -> i64 {

@@ -2,6 +2,8 @@
 //! in the same transaction, read and marked by the relay that calls RELEASE in Redis,
 //! so a crash between MySQL and Redis can neither lose nor double a return.
 
+use chrono::NaiveDateTime;
+
 use super::Db;
 use crate::error::Result;
 use crate::model::now;
@@ -76,6 +78,17 @@ impl Db {
             }
         };
         Ok(rows)
+    }
+
+    /// Outbox rows not yet relayed, of every cluster, and the time the oldest was
+    /// written (`None` when there is none).
+    pub async fn pending_return_stats(&self) -> Result<(u64, Option<NaiveDateTime>)> {
+        let (n, oldest): (i64, Option<NaiveDateTime>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM stock_return_outbox WHERE done_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((n.max(0) as u64, oldest))
     }
 
     pub async fn mark_returned(&self, id: u64) -> Result<()> {
