@@ -179,35 +179,53 @@ impl App {
         };
         self.metrics.move_repairs.with_label_values(&[label]).inc();
         match decision {
+            // A rebuild already running may have read the shards before the failed move
+            // ran, and `trigger_recompute` would drop this one while it runs: this one
+            // starts when that one is over.
+            Repair::Now if entry.recomputing.load(Ordering::Acquire) => {
+                self.repair_after_rebuild(entry, Duration::ZERO, false, why)
+            }
             Repair::Now => self.trigger_recompute(entry, Cause::Repair, why),
             Repair::Joined => {}
             Repair::After(wait) => {
                 tracing::warn!(activity = entry.id(), why, wait_ms = wait.as_millis() as u64,
                     "a move may have held units back; rebuilding once the gap since the last such rebuild has passed");
-                let (app, entry) = (self.clone(), entry.clone());
-                tokio::spawn(async move {
-                    // Then after any rebuild that runs now: it may have started before
-                    // the failures this one is for, and `trigger_recompute` would drop
-                    // this one while it runs.
-                    let ready = async {
-                        tokio::time::sleep(wait).await;
-                        while entry.recomputing.load(Ordering::Acquire) {
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    };
-                    tokio::select! {
-                        _ = ready => {}
-                        _ = app.shutdown.clone().wait() => return,
-                    }
-                    entry
-                        .move_repair
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .started(Instant::now());
-                    app.trigger_recompute(&entry, Cause::Repair, why);
-                });
+                self.repair_after_rebuild(entry, wait, true, why)
             }
         }
+    }
+
+    /// Starts a move's rebuild after `wait` and then after any rebuild running at that
+    /// moment (it may have started before the failures this one is for). `queued`: this
+    /// is the request [`MoveRepair`] holds as waiting; it is marked started.
+    fn repair_after_rebuild(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        wait: Duration,
+        queued: bool,
+        why: &'static str,
+    ) {
+        let (app, entry) = (self.clone(), entry.clone());
+        tokio::spawn(async move {
+            let ready = async {
+                tokio::time::sleep(wait).await;
+                while entry.recomputing.load(Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            tokio::select! {
+                _ = ready => {}
+                _ = app.shutdown.clone().wait() => return,
+            }
+            if queued {
+                entry
+                    .move_repair
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .started(Instant::now());
+            }
+            app.trigger_recompute(&entry, Cause::Repair, why);
+        });
     }
 
     /// Runs the rebuild in the background, retrying until it succeeds or the process

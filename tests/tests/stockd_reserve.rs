@@ -15,6 +15,7 @@ use seckill_lua::calls::ReserveCall;
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
+use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
     create_published_activity, set_shard_stock, shard_stock, spawn_stockd, stream_len, StockClient,
@@ -891,6 +892,67 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
         stream_len(&sale.redis, a, OneMasterDonates::SHARDS).await,
         reserved
     );
+}
+
+/// A move's failure that asks for a rebuild while another rebuild runs is not dropped:
+/// the running one may have read the shards before the failed take ran, so a rebuild of
+/// the move's own follows once it ends. (Before, `trigger_recompute` ignored the request
+/// while a rebuild ran.)
+///
+/// The donors' master is paused for writes (2.5 s). A buyer of an empty home sends a
+/// `TAKE` there, which waits past stockd's deadline (1 s). Meanwhile another shard's fence
+/// is deleted and a buyer homed there starts a rebuild for the lost state; its writes to
+/// the paused master wait too, so it is still running when the take times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_repair_asked_during_a_rebuild_runs_after_it() {
+    let sale = OneMasterDonates::start(|c| c.redis.timeout_ms = 1000).await;
+    let (a, s, h) = (sale.a, sale.s, &sale.h);
+    let mut reserved = sale.buy_out_homes("early").await;
+    let (late_home, lost_home) = (sale.homes[0], *sale.homes.last().unwrap());
+    assert_ne!(late_home, lost_home, "two masters hold homes");
+    let ok = || h.metrics.recomputes.with_label_values(&["ok"]).get();
+    let (takes_before, ok_before) = (takes(h), ok());
+
+    let paused_at = sale.pause_donors(2500);
+    let late = {
+        let mut c = sale.c.clone();
+        let user = user_on_shard("late", late_home, OneMasterDonates::SHARDS);
+        tokio::spawn(async move { reserve(&mut c, a, s, &user, "r").await })
+    };
+    // Its round's scan (a read) goes through and its take waits in the paused master.
+    // (A buyer that came after the rebuild started would get UNAVAILABLE without a
+    // move, and no repair would be counted below.)
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Another shard loses its state; its next buyer starts a rebuild.
+    let _: i64 = sale.redis.del(keys::fence(a, lost_home)).await.unwrap();
+    let user = user_on_shard("lost", lost_home, OneMasterDonates::SHARDS);
+    let answer = reserve(&mut sale.c.clone(), a, s, &user, "r").await;
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(900) && takes(h) == takes_before,
+        "the rebuild started before the take timed out"
+    );
+    tracing::info!(?answer, "the buyer of the lost shard");
+    match late.await.unwrap() {
+        Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
+        other => tracing::info!(?other, "the late buyer's answer"),
+    }
+    assert_eq!(
+        h.metrics.move_repairs.with_label_values(&["now"]).get(),
+        1,
+        "the failed take asked for a rebuild"
+    );
+
+    // The running rebuild ends after the pause; the move's own follows it.
+    wait_until_async("two rebuilds", Duration::from_secs(20), || async {
+        ok() >= ok_before + 2
+    })
+    .await;
+    wait_until_async(
+        "every unit reserved or on sale",
+        Duration::from_secs(10),
+        || async { sale.shards().await.iter().sum::<i64>() + reserved == OneMasterDonates::UNITS },
+    )
+    .await;
 }
 
 /// A move whose buyer went away before its units came home (a client deadline) clears
