@@ -13,15 +13,24 @@
 -- {-2, sequence found} when the shard is behind the caller's mark under the same
 -- epoch, or {-2, 0} under an older epoch than the caller's (Redis lost writes: its
 -- count may hold units that were already sold, so nothing is taken; the caller
--- rebuilds).
+-- rebuilds);
+-- {-3, the shard's epoch} when the shard is under a newer epoch than the caller's: a
+-- rebuild reopened it after the caller's mark. Nothing is taken: a take sent before
+-- the rebuild that ran after it (it waited in a queue past its caller's deadline, so
+-- no give follows) would take units the rebuild had just counted, and they would stay
+-- off sale until the next rebuild. A caller that is only behind on news adopts the
+-- epoch and asks again.
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   return {-1, ''}
 end
 local mine = ARGV[2]
-if mine ~= '' and mine ~= epoch and (#mine > #epoch or (#mine == #epoch and mine > epoch)) then
-  -- Older than the caller's epoch: Redis went back to before a rebuild (reserve.lua).
-  return {-2, 0}
+if mine ~= '' and mine ~= epoch then
+  if #mine > #epoch or (#mine == #epoch and mine > epoch) then
+    -- Older than the caller's epoch: Redis went back to before a rebuild (reserve.lua).
+    return {-2, 0}
+  end
+  return {-3, epoch}
 end
 if mine == epoch then
   local seq = tonumber(redis.call('GET', KEYS[3]) or '0')

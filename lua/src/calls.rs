@@ -208,7 +208,7 @@ pub struct TakeCall {
 impl TakeCall {
     /// Takes up to `units` of `item` out of shard `donor`, unless the shard is behind
     /// `seq`, the highest sequence the caller saw handed out there under `epoch`
-    /// (`""`, 0 for none).
+    /// (`""`, 0 for none), or under another epoch than `epoch` (when one is given).
     pub fn new(
         activity: ActivityId,
         donor: Shard,
@@ -246,6 +246,9 @@ pub enum Taken {
     /// `units` taken (0 when the shard was empty); `epoch` is the donor's fence, for
     /// the logs (the give checks the home shard's own fence).
     Units { units: i64, epoch: String },
+    /// The shard is under this epoch, newer than the caller's: a rebuild reopened it
+    /// since the caller's mark; nothing was taken.
+    Newer(String),
 }
 
 impl Taken {
@@ -254,6 +257,7 @@ impl Taken {
         match n {
             -1 => Some(Taken::FenceMissing),
             -2 => second.parse().ok().map(Taken::Behind),
+            -3 if !second.is_empty() => Some(Taken::Newer(second.to_string())),
             n if n >= 0 => Some(Taken::Units {
                 units: n,
                 epoch: second.to_string(),
@@ -516,7 +520,9 @@ mod tests {
                 epoch: "e1".into()
             })
         );
+        assert_eq!(Taken::from_reply(-3, "e2"), Some(Taken::Newer("e2".into())));
         assert_eq!(Taken::from_reply(-3, ""), None);
+        assert_eq!(Taken::from_reply(-4, "e2"), None);
         assert_eq!(Given::from_reply(-1), Given::FenceMissing);
         assert_eq!(Given::from_reply(-2), Given::Stale);
         assert_eq!(Given::from_reply(5), Given::Units(5));

@@ -488,37 +488,53 @@ impl App {
             want,
         } = m;
         let a = entry.id();
-        let hw = entry.high_water(donor);
-        let take = TakeCall::new(a, donor, item, want, &hw.epoch, hw.seq);
         let redis = self.redis_of(&entry)?;
-        let took = match redis.call_acked(take, &keys::fence(a, donor)).await {
-            Ok(took) => took,
-            Err(e) => {
-                // Timed out or cut after the write: the take may have run.
-                self.repair_after_move(&entry, "a rebalancing take failed");
-                return Err(e);
+        let mut hw = entry.high_water(donor);
+        let mut adopted = false;
+        let (replicated, taken, epoch) = loop {
+            let take = TakeCall::new(a, donor, item, want, &hw.epoch, hw.seq);
+            let took = match redis.call_acked(take, &keys::fence(a, donor)).await {
+                Ok(took) => took,
+                Err(e) => {
+                    // Timed out or cut after the write: the take may have run.
+                    self.repair_after_move(&entry, "a rebalancing take failed");
+                    return Err(e);
+                }
+            };
+            let replicated = took.replicated;
+            let parts = array(took.value)?;
+            let reply =
+                parts.first().map(int).transpose()?.and_then(|n| {
+                    Taken::from_reply(n, &parts.get(1).map(text).unwrap_or_default())
+                });
+            match reply {
+                Some(Taken::FenceMissing) => {
+                    self.trigger_recompute(&entry, Cause::Lost, "fence missing at take");
+                    return Ok(Step::Lost);
+                }
+                Some(Taken::Behind(found)) => {
+                    self.lost_writes(&entry, donor, &hw, found);
+                    return Ok(Step::Lost);
+                }
+                // A rebuild (another stockd's, or one this process has not heard of from
+                // this shard yet) reopened the donor since this process's mark: nothing
+                // was taken. Adopt its epoch and ask once more.
+                Some(Taken::Newer(newer)) if !adopted => {
+                    entry.saw(donor, &newer, 0, false);
+                    hw = entry.high_water(donor);
+                    adopted = true;
+                }
+                Some(Taken::Newer(newer)) => {
+                    return Err(Error::Unavailable(format!(
+                        "rebalancing: shard {donor} of activity {a} reopened again (epoch {newer})"
+                    )))
+                }
+                Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
+                Some(Taken::Units { units, epoch }) => break (replicated, units, epoch),
+                None => return Err(Error::Internal(format!("take answered {parts:?}"))),
             }
         };
-        let parts = array(took.value)?;
-        let reply = parts
-            .first()
-            .map(int)
-            .transpose()?
-            .and_then(|n| Taken::from_reply(n, &parts.get(1).map(text).unwrap_or_default()));
-        let (taken, epoch) = match reply {
-            Some(Taken::FenceMissing) => {
-                self.trigger_recompute(&entry, Cause::Lost, "fence missing at take");
-                return Ok(Step::Lost);
-            }
-            Some(Taken::Behind(found)) => {
-                self.lost_writes(&entry, donor, &hw, found);
-                return Ok(Step::Lost);
-            }
-            Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
-            Some(Taken::Units { units, epoch }) => (units, epoch),
-            None => return Err(Error::Internal(format!("take answered {parts:?}"))),
-        };
-        if !took.replicated {
+        if !replicated {
             // No replica holds the take yet. Giving the units to the home shard now
             // would create them twice if the take died in a failover (oversell); not
             // giving them loses them (undersell), the side a move may err on, until

@@ -8,9 +8,11 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use fred::prelude::*;
+use seckill_lua::calls::{Call, TakeCall};
 use seckill_lua::{keys, ReservationId};
 use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::process::wait_until_async;
+use seckill_tests::redis::user_on_shard;
 use seckill_tests::stockd::{
     create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd, stock_status,
     StockClient, StockdHandle,
@@ -262,4 +264,94 @@ async fn a_master_that_comes_back_empty_has_its_lost_reservations_counted_and_re
     let st = stock_status(&mut c.clone(), a, s).await.unwrap();
     let in_flight = 25 - expected_lost as i64;
     assert_eq!(st.remaining, 100 - 15 - in_flight, "{st:?}");
+}
+
+/// A peer's rebuild reopens every shard under a new epoch, and a stockd that has not
+/// reserved on a donor since still holds the old one. Its rebalancing takes must still
+/// move the units (the first is refused as older than the shard, the stockd adopts the
+/// shard's epoch and asks again): every unit sells, through one home shard. And a take
+/// sent under the old epoch that runs after the rebuild (one that waited in Redis's
+/// queue past its caller's deadline, so no give follows) takes nothing: the rebuild has
+/// just counted those units, and taking them would keep them off sale until the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_still_sell_every_unit(
+) {
+    const SHARDS: u32 = 4;
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&cluster, &db);
+    let (h1, h2) = (
+        spawn_stockd(&deps, |_| {}).await,
+        spawn_stockd(&deps, |_| {}).await,
+    );
+    let act = create_published_activity(&h1, &[(24, 100)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let (mut c1, c2) = (h1.stock_client().await, h2.stock_client().await);
+    until_available(&c2, a, s).await;
+    let redis = cluster.client().await;
+    // stockd 1 reserves on every shard: its mark of each is the warm-up's epoch.
+    let mut sold = 0;
+    for i in 0..SHARDS {
+        let user = user_on_shard(&format!("first-{i}"), i, SHARDS);
+        let r = reserve(&mut c1, a, s, &user, "r").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+        sold += 1;
+    }
+    let old = fences(&redis, a, SHARDS).await[0].clone().expect("fence");
+
+    // stockd 2 finds shard 3's state lost and rebuilds the activity: a new epoch on
+    // every shard.
+    let _: i64 = redis.del(keys::fence(a, 3)).await.unwrap();
+    let lost = user_on_shard("lost", 3, SHARDS);
+    let r = reserve(&mut c2.clone(), a, s, &lost, "r").await;
+    assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
+    until_available(&c2, a, s).await;
+    let new = fences(&redis, a, SHARDS).await;
+    assert!(
+        new.iter().all(|f| f.as_deref().is_some_and(|f| f != old)),
+        "every shard reopened under a new epoch: {new:?} (was {old})"
+    );
+
+    // A take sent under the old epoch, run now: refused, nothing taken.
+    let before = shard_stock(&redis, a, s, SHARDS).await;
+    assert!(before[1] > 0, "{before:?}");
+    let (k, args) = TakeCall::new(a, 1, s, 1, &old, 1).into_parts();
+    let answer: Vec<fred::types::Value> = redis.eval(TakeCall::SCRIPT.body, k, args).await.unwrap();
+    let (n, epoch) = (answer[0].as_i64(), answer[1].as_string());
+    assert_eq!(n, Some(-3), "{answer:?}");
+    assert_eq!(epoch.as_deref(), new[1].as_deref());
+    assert_eq!(shard_stock(&redis, a, s, SHARDS).await, before);
+
+    // Every unit left sells through stockd 1 to buyers homed on shard 0: once its own
+    // units are gone, every sale is a move from a shard stockd 1 knows by the old epoch.
+    let left: i64 = before.iter().sum();
+    let calls = (0..left + 5)
+        .map(|k| {
+            (
+                user_on_shard(&format!("late-{k}"), 0, SHARDS),
+                "r".to_string(),
+            )
+        })
+        .collect();
+    let answers = crowd(&c1, a, s, calls).await;
+    let won: HashSet<&str> = answers
+        .iter()
+        .filter(|(_, r)| r.outcome() == ReserveOutcome::Reserved)
+        .map(|(_, r)| r.reservation_id.as_str())
+        .collect();
+    assert_eq!(won.len() as i64, left, "every unit left, once each");
+    assert!(
+        answers.iter().all(|(_, r)| matches!(
+            r.outcome(),
+            ReserveOutcome::Reserved | ReserveOutcome::SoldOut
+        )),
+        "{answers:?}"
+    );
+    sold += left;
+    assert_eq!(sold, 24);
+    assert_eq!(
+        shard_stock(&redis, a, s, SHARDS).await,
+        vec![0; SHARDS as usize]
+    );
 }
