@@ -36,11 +36,12 @@
 -- with 0). LOST and BEHIND from the fence check answer every reservation of the call,
 -- and nothing is written.
 --
--- A call that answers RETRY and writes nothing else rewrites the fence with its own
--- value: the caller's `WAIT` counts replicas up to its connection's offset, which a
--- server may move on writes only, and then a resend would be acknowledged at once,
--- before the replica holds the reservation it names (one written by another call,
--- maybe on another connection). (Redis 7.0 moves it on reads too, as measured here;
+-- A call that answers RETRY or DUPLICATE and writes nothing else rewrites the fence
+-- with its own value: the caller's `WAIT` counts replicas up to its connection's
+-- offset, which a server may move on writes only, and then a resend (or a second
+-- click under a new request id) would be acknowledged at once, before the replica
+-- holds the reservation it names (one written by another call, maybe on another
+-- connection). (Redis 7.0 moves it on reads too, as measured here;
 -- the write makes it hold either way.) Replication is one ordered stream, so a replica
 -- that holds this write holds every earlier one.
 local n = (#KEYS - 3) / 2
@@ -180,7 +181,7 @@ for j = 1, n do
     buyer_keys[#buyer_keys + 1] = buyers
   end
   wrote = wrote or outcome == 'RESERVED'
-  retried = retried or outcome == 'RETRY'
+  retried = retried or outcome == 'RETRY' or outcome == 'DUPLICATE'
   out[#out + 1] = outcome
   out[#out + 1] = rid
   out[#out + 1] = left

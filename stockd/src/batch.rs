@@ -135,7 +135,13 @@ impl App {
         };
         for (answer, f) in answers.into_iter().zip(parts.chunks_exact(RESERVE_FIELDS)) {
             let out = match parse(entry, shard, &hw, f, replicated) {
-                Ok(Script::Reserved(..) | Script::Retry(..)) if !replicated => Err(unreplicated()),
+                // A DUPLICATE tells the buyer it holds the reservation it names: only
+                // once a replica holds that too.
+                Ok(Script::Reserved(..) | Script::Retry(..) | Script::Duplicate(..))
+                    if !replicated =>
+                {
+                    Err(unreplicated())
+                }
                 out => out,
             };
             let _ = answer.send(out);

@@ -375,3 +375,56 @@ async fn a_release_no_replica_acknowledged_answers_unavailable_until_one_does() 
     assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("5"));
     assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
 }
+
+/// A DUPLICATE (the buyer clicks again under a new request id) names the reservation
+/// the buyer holds, so it is a promise like RESERVED: while the shard's replica is
+/// stalled, a first click's reservation is on the master alone (answered UNAVAILABLE),
+/// and the second click is answered UNAVAILABLE too rather than "you hold it". Once the
+/// replica holds the reservation, the second click is a DUPLICATE naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_is_answered_only_once_a_replica_holds_the_reservation_it_names() {
+    init_tracing();
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.replica_acks = 1;
+        c.redis.replica_ack_timeout_ms = 100;
+        c.redis.timeout_ms = 1000;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    let buyers = keys::buyers(a, 0, s);
+    let master = cluster.master_of_key(&buyers);
+    let replica = cluster.replicas_of(master)[0];
+
+    let stall = cluster.stall(replica, 3000);
+    let first = reserve(&mut c, a, s, "bob", "click-1").await.unwrap_err();
+    assert_eq!(first.code(), tonic::Code::Unavailable, "{first:?}");
+    let second = reserve(&mut c, a, s, "bob", "click-2").await;
+    assert!(
+        matches!(&second, Err(e) if e.code() == tonic::Code::Unavailable),
+        "no replica holds bob's reservation yet: {second:?}"
+    );
+
+    tokio::task::block_in_place(|| stall.join());
+    let until = Instant::now() + Duration::from_secs(10);
+    let dup = loop {
+        match reserve(&mut c, a, s, "bob", "click-2").await {
+            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(dup.outcome(), ReserveOutcome::Duplicate);
+    // The replica holds the reservation's unit (taken by the same script).
+    assert_eq!(
+        tokio::task::block_in_place(|| cluster.get_on(replica, &keys::stock(a, 0, s))),
+        Some("4".to_string())
+    );
+    // The first click's retry answers the same reservation.
+    let again = reserve(&mut c, a, s, "bob", "click-1").await.unwrap();
+    assert_eq!(again.reservation_id, dup.reservation_id);
+}
