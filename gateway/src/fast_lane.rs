@@ -749,8 +749,9 @@ mod tests {
         use base64::Engine as _;
         let sh = shared();
         one_item_activity(&sh, None);
+        let seen = sh.catalog.news(1, 7);
         sh.catalog
-            .set_holders(1, 7, [Box::from("alice")].into_iter().collect());
+            .set_holders(1, 7, [Box::from("alice")].into_iter().collect(), seen);
         let jwt = |sub: &str| {
             let b64 = |s: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
             let payload = b64(format!(r#"{{"sub":"{sub}","exp":1}}"#));

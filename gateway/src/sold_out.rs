@@ -26,7 +26,7 @@
 //! user, for token and reserve.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
@@ -60,6 +60,9 @@ pub struct ItemLive {
     /// Who holds a unit, while [`Self::sold_out`]; empty otherwise. At most the item's
     /// stock in size (one unit per user).
     holders: RwLock<Arc<Holders>>,
+    /// Sold-out messages about it so far: a stock read applies only when none came while
+    /// it ran ([`Catalog::news`]), so a read that began before a message cannot undo it.
+    news: AtomicU64,
     /// Unix ms of the last reserve for it here or sold-out message about it (0: none):
     /// within [`HOT_MS`] the stock feed reads it on every poll, else in turn with the
     /// other idle items (`redis.stock_poll_idle_keys`).
@@ -91,6 +94,7 @@ impl ItemLive {
             fleet_cap: AtomicI64::new(-1),
             busy: AtomicU32::new(0),
             holders: RwLock::default(),
+            news: AtomicU64::new(0),
             touched_ms: AtomicI64::new(0),
         }
     }
@@ -160,6 +164,8 @@ impl ItemLive {
             .store(self.remaining.load(Ordering::Relaxed), Ordering::Relaxed);
         next.touched_ms
             .store(self.touched_ms.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.news
+            .store(self.news.load(Ordering::SeqCst), Ordering::SeqCst);
         next
     }
 }
@@ -389,6 +395,8 @@ impl Catalog {
     pub fn report_sold_out(&self, a: u64, s: u64, sold_out: bool) {
         let Some(act) = self.get(a) else { return };
         if let Some(item) = act.item(s) {
+            // Before the change: a read running now sees it and stands down.
+            item.news.fetch_add(1, Ordering::SeqCst);
             // Read on every poll for a while, so the read asked below includes it.
             item.touch(seckill_lua::clock::unix_ms() as i64);
             if sold_out {
@@ -445,9 +453,21 @@ impl Catalog {
         }
     }
 
-    /// Records a read of every shard of an item with units left: on sale.
-    pub fn set_remaining(&self, a: u64, s: u64, remaining: i64) {
+    /// The sold-out messages about item `s` of activity `a` so far (0 for an unknown
+    /// item): taken before a stock read and handed back with its result.
+    pub fn news(&self, a: u64, s: u64) -> u64 {
+        self.live(a, s)
+            .map_or(0, |item| item.news.load(Ordering::SeqCst))
+    }
+
+    /// Records a read of every shard of an item with units left: on sale. `seen`: the
+    /// item's [`Self::news`] before the read; a message since makes the read stale (the
+    /// message stands, and the next read decides).
+    pub fn set_remaining(&self, a: u64, s: u64, remaining: i64, seen: u64) {
         if let Some(item) = self.live(a, s) {
+            if item.news.load(Ordering::SeqCst) != seen {
+                return;
+            }
             item.remaining.store(remaining.max(0), Ordering::Relaxed);
             if remaining > 0 {
                 item.clear();
@@ -456,12 +476,22 @@ impl Catalog {
     }
 
     /// Records a read of an item whose shards are all empty, and the users its buyers
-    /// hashes held right after: sold out, but to them.
-    pub fn set_holders(&self, a: u64, s: u64, holders: Holders) {
+    /// hashes held right after: sold out, but to them. `seen` as for
+    /// [`Self::set_remaining`]: a read that began before an on-sale message (units came
+    /// back) would otherwise refuse every buyer until the next read.
+    pub fn set_holders(&self, a: u64, s: u64, holders: Holders, seen: u64) {
         if let Some(item) = self.live(a, s) {
+            if item.news.load(Ordering::SeqCst) != seen {
+                return;
+            }
             item.remaining.store(0, Ordering::Relaxed);
             item.set_holders(Arc::new(holders));
-            item.sold_out.store(true, Ordering::Release);
+            item.sold_out.store(true, Ordering::SeqCst);
+            // A message between the check and the flag: it stands (a sold-out one asked
+            // for a read of its own).
+            if item.news.load(Ordering::SeqCst) != seen {
+                item.clear();
+            }
         }
     }
 }
@@ -558,22 +588,22 @@ mod tests {
         assert!(!c.is_loaded());
         c.replace(vec![meta(1, &[(7, 10), (8, 5)])]);
         assert!(c.is_loaded());
-        c.set_holders(1, 7, holders(&["alice"]));
+        c.set_holders(1, 7, holders(&["alice"]), c.news(1, 7));
         c.replace(vec![meta(1, &[(7, 10), (8, 5)])]);
         let item = c.get(1).unwrap().item(7).cloned().unwrap();
         assert!(item.sold_out.load(Ordering::Relaxed));
         assert!(item.held_by("alice"));
-        c.set_remaining(1, 7, 3);
+        c.set_remaining(1, 7, 3, c.news(1, 7));
         assert!(!item.sold_out.load(Ordering::Relaxed));
         assert!(!item.held_by("alice"));
         assert_eq!(item.remaining.load(Ordering::Relaxed), 3);
         // An empty read alone does not set the flag: the holders come with it.
-        c.set_remaining(1, 7, 0);
+        c.set_remaining(1, 7, 0, c.news(1, 7));
         assert!(!item.sold_out.load(Ordering::Relaxed));
         assert_eq!(item.remaining.load(Ordering::Relaxed), 0);
         // Unknown ids are ignored.
         c.report_sold_out(9, 9, true);
-        c.set_holders(9, 9, holders(&["x"]));
+        c.set_holders(9, 9, holders(&["x"]), c.news(9, 9));
         c.replace(vec![]);
         assert!(c.get(1).is_none());
     }
@@ -584,7 +614,7 @@ mod tests {
         c.replace(vec![meta(1, &[(7, 2)])]);
         let item = c.get(1).unwrap().item(7).cloned().unwrap();
         assert!(!item.sold_out_for(None));
-        c.set_holders(1, 7, holders(&["alice", "bob"]));
+        c.set_holders(1, 7, holders(&["alice", "bob"]), c.news(1, 7));
         assert!(!item.sold_out_for(Some("alice")));
         assert!(!item.sold_out_for(Some("bob")));
         assert!(item.sold_out_for(Some("carol")));
@@ -599,6 +629,43 @@ mod tests {
         c.report_sold_out(1, 7, false);
         assert!(!remade.sold_out_for(Some("carol")));
         assert!(!remade.held_by("alice"));
+    }
+
+    /// A stock read that began before a message is stale when it lands: units came
+    /// back (on-sale message) after the read found every shard empty, and applying it
+    /// would refuse every buyer until the next read.
+    #[test]
+    fn a_read_that_began_before_a_message_does_not_undo_it() {
+        let c = Catalog::default();
+        c.replace(vec![meta(1, &[(7, 2)])]);
+        let item = c.get(1).unwrap().item(7).cloned().unwrap();
+        let seen = c.news(1, 7);
+        c.report_sold_out(1, 7, false);
+        c.set_remaining(1, 7, 0, seen);
+        c.set_holders(1, 7, holders(&["alice"]), seen);
+        assert!(!item.sold_out_for(None), "the on-sale message stands");
+        assert_eq!(
+            item.remaining.load(Ordering::Relaxed),
+            -1,
+            "the read was dropped"
+        );
+        // The next read, begun after the message, applies.
+        let seen = c.news(1, 7);
+        c.set_holders(1, 7, holders(&["alice"]), seen);
+        assert!(item.sold_out_for(None) && !item.sold_out_for(Some("alice")));
+        // And one begun before a sold-out message stands down too: that message asked
+        // for a read of its own.
+        let seen = c.news(1, 7);
+        c.report_sold_out(1, 7, true);
+        c.set_remaining(1, 7, 5, seen);
+        assert!(
+            item.sold_out_for(None),
+            "a stale on-sale read does not clear the flag"
+        );
+        // A refresh of the catalog keeps the count.
+        let seen = c.news(1, 7);
+        c.replace(vec![meta(1, &[(7, 2)])]);
+        assert_eq!(c.news(1, 7), seen);
     }
 
     #[test]
@@ -651,14 +718,14 @@ mod tests {
     fn an_activity_moved_to_another_cluster_forgets_what_the_old_one_said() {
         let c = Catalog::default();
         c.replace(vec![meta(1, &[(7, 2)])]);
-        c.set_holders(1, 7, holders(&["alice"]));
+        c.set_holders(1, 7, holders(&["alice"]), c.news(1, 7));
         let mut moved = meta(1, &[(7, 2)]);
         moved.cluster = Some("hot".into());
         c.replace(vec![moved.clone()]);
         let item = c.get(1).unwrap().item(7).cloned().unwrap();
         assert!(!item.sold_out_for(None));
         assert_eq!(item.remaining.load(Ordering::Relaxed), -1);
-        c.set_holders(1, 7, holders(&[]));
+        c.set_holders(1, 7, holders(&[]), c.news(1, 7));
         c.replace(vec![moved]);
         assert!(c.get(1).unwrap().item(7).unwrap().sold_out_for(None));
     }

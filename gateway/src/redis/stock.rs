@@ -208,6 +208,12 @@ pub(super) async fn poll_stock(
         order.push(at);
     }
     let mut empty = Vec::new();
+    // Each item's sold-out messages so far: a message while the read runs makes its
+    // result stale (`Catalog::set_remaining`).
+    let seen: Vec<u64> = order
+        .iter()
+        .map(|&(a, s, _)| shared.catalog.news(a, s))
+        .collect();
     let pipe = c.pipeline();
     for &(a, s, shards) in &order {
         for i in 0..shards {
@@ -219,7 +225,7 @@ pub(super) async fn poll_stock(
     }
     let values: Vec<Value> = pipe.all().await?;
     let mut it = values.into_iter();
-    for (a, s, shards) in order {
+    for ((a, s, shards), seen) in order.into_iter().zip(seen) {
         let mut sum = 0i64;
         let mut known = true;
         for _ in 0..shards {
@@ -230,9 +236,9 @@ pub(super) async fn poll_stock(
             }
         }
         if known {
-            shared.catalog.set_remaining(a, s, sum);
+            shared.catalog.set_remaining(a, s, sum, seen);
             if sum <= 0 {
-                empty.push((a, s, shards));
+                empty.push((a, s, shards, seen));
             }
         }
     }
@@ -240,14 +246,14 @@ pub(super) async fn poll_stock(
         return Ok(());
     }
     let pipe = c.pipeline();
-    for (a, s, shards) in &empty {
+    for (a, s, shards, _) in &empty {
         for i in 0..*shards {
             let _: () = pipe.hkeys(keys::buyers(*a, i, *s)).await?;
         }
     }
     let values: Vec<Value> = pipe.all().await?;
     let mut it = values.into_iter();
-    for (a, s, shards) in empty {
+    for (a, s, shards, seen) in empty {
         let mut holders = Holders::new();
         let mut complete = true;
         for _ in 0..shards {
@@ -264,7 +270,7 @@ pub(super) async fn poll_stock(
             }
         }
         if complete {
-            shared.catalog.set_holders(a, s, holders);
+            shared.catalog.set_holders(a, s, holders, seen);
         }
     }
     Ok(())
