@@ -101,10 +101,16 @@ enum Repair {
 }
 
 impl MoveRepair {
-    /// Decides for a request at `now`, and records it.
-    fn ask(&mut self, now: Instant, gap: Duration) -> Repair {
+    /// Decides for a request at `now`, and records it. `running`: a rebuild (for any
+    /// cause) runs now; it may have read the shards before the failure, so this one
+    /// waits for it to end (and is the one later failures join).
+    fn ask(&mut self, now: Instant, gap: Duration, running: bool) -> Repair {
         if self.queued {
             return Repair::Joined;
+        }
+        if running {
+            self.queued = true;
+            return Repair::After(Duration::ZERO);
         }
         match self.last.map(|last| now.saturating_duration_since(last)) {
             Some(since) if since < gap => {
@@ -171,6 +177,7 @@ impl App {
             .ask(
                 Instant::now(),
                 Duration::from_millis(self.config.stock.move_repair_gap_ms),
+                entry.recomputing.load(Ordering::Acquire),
             );
         let label = match decision {
             Repair::Now => "now",
@@ -179,30 +186,23 @@ impl App {
         };
         self.metrics.move_repairs.with_label_values(&[label]).inc();
         match decision {
-            // A rebuild already running may have read the shards before the failed move
-            // ran, and `trigger_recompute` would drop this one while it runs: this one
-            // starts when that one is over.
-            Repair::Now if entry.recomputing.load(Ordering::Acquire) => {
-                self.repair_after_rebuild(entry, Duration::ZERO, false, why)
-            }
             Repair::Now => self.trigger_recompute(entry, Cause::Repair, why),
             Repair::Joined => {}
             Repair::After(wait) => {
                 tracing::warn!(activity = entry.id(), why, wait_ms = wait.as_millis() as u64,
-                    "a move may have held units back; rebuilding once the gap since the last such rebuild has passed");
-                self.repair_after_rebuild(entry, wait, true, why)
+                    "a move may have held units back; rebuilding once the gap since the last such rebuild has passed and no rebuild runs");
+                self.repair_after_rebuild(entry, wait, why)
             }
         }
     }
 
-    /// Starts a move's rebuild after `wait` and then after any rebuild running at that
-    /// moment (it may have started before the failures this one is for). `queued`: this
-    /// is the request [`MoveRepair`] holds as waiting; it is marked started.
+    /// Starts the waiting move repair after `wait` and then after any rebuild running at
+    /// that moment: that one may have read the shards before the failures this one is
+    /// for, and `trigger_recompute` would drop this one while it runs.
     fn repair_after_rebuild(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         wait: Duration,
-        queued: bool,
         why: &'static str,
     ) {
         let (app, entry) = (self.clone(), entry.clone());
@@ -217,13 +217,11 @@ impl App {
                 _ = ready => {}
                 _ = app.shutdown.clone().wait() => return,
             }
-            if queued {
-                entry
-                    .move_repair
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .started(Instant::now());
-            }
+            entry
+                .move_repair
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .started(Instant::now());
             app.trigger_recompute(&entry, Cause::Repair, why);
         });
     }
@@ -785,24 +783,33 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut r = MoveRepair::default();
         // The first failure rebuilds at once.
-        assert_eq!(r.ask(at(0), gap), Repair::Now);
+        assert_eq!(r.ask(at(0), gap, false), Repair::Now);
         // One within the gap waits for the rest of it; the ones after it join that one.
         assert_eq!(
-            r.ask(at(1000), gap),
+            r.ask(at(1000), gap, false),
             Repair::After(Duration::from_millis(4000))
         );
-        assert_eq!(r.ask(at(1200), gap), Repair::Joined);
-        assert_eq!(r.ask(at(4999), gap), Repair::Joined);
+        assert_eq!(r.ask(at(1200), gap, false), Repair::Joined);
+        assert_eq!(r.ask(at(4999), gap, true), Repair::Joined);
         // The waiting one starts; the gap counts from it.
         r.started(at(5000));
         assert_eq!(
-            r.ask(at(6000), gap),
+            r.ask(at(6000), gap, false),
             Repair::After(Duration::from_millis(4000))
         );
         r.started(at(10_000));
         // A failure a whole gap later rebuilds at once again.
-        assert_eq!(r.ask(at(15_000), gap), Repair::Now);
-        assert_eq!(r.ask(at(20_000), gap), Repair::Now);
+        assert_eq!(r.ask(at(15_000), gap, false), Repair::Now);
+        // While a rebuild runs, a failure waits for its end however long ago the last
+        // repair was, and the failures meanwhile join it.
+        assert_eq!(r.ask(at(30_000), gap, true), Repair::After(Duration::ZERO));
+        assert_eq!(r.ask(at(30_100), gap, true), Repair::Joined);
+        assert_eq!(r.ask(at(30_200), gap, false), Repair::Joined);
+        r.started(at(31_000));
+        assert_eq!(
+            r.ask(at(32_000), gap, false),
+            Repair::After(Duration::from_millis(4000))
+        );
     }
 
     #[test]

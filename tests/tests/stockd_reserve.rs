@@ -899,36 +899,42 @@ async fn takes_that_timed_out_and_ran_later_lose_no_unit_and_rebuild_once_per_ga
 /// the move's own follows once it ends. (Before, `trigger_recompute` ignored the request
 /// while a rebuild ran.)
 ///
-/// The donors' master is paused for writes (2.5 s). A buyer of an empty home sends a
-/// `TAKE` there, which waits past stockd's deadline (1 s). Meanwhile another shard's fence
+/// The donors' master is paused for writes (4.5 s). A buyer of an empty home sends a
+/// `TAKE` there, which waits past stockd's deadline (2 s). Meanwhile another shard's fence
 /// is deleted and a buyer homed there starts a rebuild for the lost state; its writes to
 /// the paused master wait too, so it is still running when the take times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_repair_asked_during_a_rebuild_runs_after_it() {
-    let sale = OneMasterDonates::start(|c| c.redis.timeout_ms = 1000).await;
+    const DEADLINE: Duration = Duration::from_secs(2);
+    let sale = OneMasterDonates::start(|c| c.redis.timeout_ms = DEADLINE.as_millis() as u64).await;
     let (a, s, h) = (sale.a, sale.s, &sale.h);
     let mut reserved = sale.buy_out_homes("early").await;
     let (late_home, lost_home) = (sale.homes[0], *sale.homes.last().unwrap());
     assert_ne!(late_home, lost_home, "two masters hold homes");
     let ok = || h.metrics.recomputes.with_label_values(&["ok"]).get();
     let (takes_before, ok_before) = (takes(h), ok());
+    let rounds_before = h.metrics.rebalance_rounds.get();
 
-    let paused_at = sale.pause_donors(2500);
+    let paused_at = sale.pause_donors(4500);
     let late = {
         let mut c = sale.c.clone();
         let user = user_on_shard("late", late_home, OneMasterDonates::SHARDS);
         tokio::spawn(async move { reserve(&mut c, a, s, &user, "r").await })
     };
-    // Its round's scan (a read) goes through and its take waits in the paused master.
-    // (A buyer that came after the rebuild started would get UNAVAILABLE without a
-    // move, and no repair would be counted below.)
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Its round starts; the round's scan (a read) goes through and its take waits in the
+    // paused master. (A buyer that came after the rebuild started would get UNAVAILABLE
+    // without a move, and no repair would be counted below.)
+    wait_until_async("the late buyer's round", DEADLINE, || async {
+        h.metrics.rebalance_rounds.get() > rounds_before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // Another shard loses its state; its next buyer starts a rebuild.
     let _: i64 = sale.redis.del(keys::fence(a, lost_home)).await.unwrap();
     let user = user_on_shard("lost", lost_home, OneMasterDonates::SHARDS);
     let answer = reserve(&mut sale.c.clone(), a, s, &user, "r").await;
     assert!(
-        paused_at.elapsed() < Duration::from_millis(900) && takes(h) == takes_before,
+        paused_at.elapsed() < DEADLINE - Duration::from_millis(100) && takes(h) == takes_before,
         "the rebuild started before the take timed out"
     );
     tracing::info!(?answer, "the buyer of the lost shard");
@@ -936,10 +942,11 @@ async fn a_move_repair_asked_during_a_rebuild_runs_after_it() {
         Ok(r) if r.outcome() == ReserveOutcome::Reserved => reserved += 1,
         other => tracing::info!(?other, "the late buyer's answer"),
     }
+    let repairs = |when: &str| h.metrics.move_repairs.with_label_values(&[when]).get();
     assert_eq!(
-        h.metrics.move_repairs.with_label_values(&["now"]).get(),
-        1,
-        "the failed take asked for a rebuild"
+        (repairs("now"), repairs("deferred")),
+        (0, 1),
+        "the failed take asked for a rebuild after the running one"
     );
 
     // The running rebuild ends after the pause; the move's own follows it.
