@@ -281,8 +281,10 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
     let deps = Deps::new(&cluster, &db);
+    // stockd 1 does not look at the fences by itself: the rebuild is stockd 2's, and
+    // stockd 1's marks stay the old epoch's until Redis tells it otherwise.
     let (h1, h2) = (
-        spawn_stockd(&deps, |_| {}).await,
+        spawn_stockd(&deps, |c| c.stock.fence_check_ms = 600_000).await,
         spawn_stockd(&deps, |_| {}).await,
     );
     let act = create_published_activity(&h1, &[(24, 100)], SHARDS, Duration::ZERO, HOUR).await;
@@ -307,6 +309,7 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
     let r = reserve(&mut c2.clone(), a, s, &lost, "r").await;
     assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
     until_available(&c2, a, s).await;
+    assert_eq!(recomputes(&h1, "ok"), 0, "stockd 1 rebuilt nothing");
     let new = fences(&redis, a, SHARDS).await;
     assert!(
         new.iter().all(|f| f.as_deref().is_some_and(|f| f != old)),
