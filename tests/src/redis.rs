@@ -405,6 +405,32 @@ impl RedisCluster {
         }
     }
 
+    /// Starts `MONITOR` on the node at `port`: every command it runs from now on, until
+    /// [`Monitor::stop`] (at most a minute).
+    pub fn monitor(&self, port: u16) -> Monitor {
+        let mut child = redis_cli("60", port)
+            .arg("monitor")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-cli monitor");
+        let mut out = child.stdout.take().expect("stdout");
+        // Read as it comes, so the pipe never fills and stalls the node's output.
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut text);
+            text
+        });
+        // MONITOR answers OK once it is on; commands sent before that are not seen.
+        wait_until("MONITOR is on", Duration::from_secs(10), || {
+            cli(port, &["CLIENT", "LIST", "TYPE", "normal"]).contains("cmd=monitor")
+        });
+        Monitor {
+            child,
+            reader: Some(reader),
+        }
+    }
+
     /// Waits until another node serves every slot `old_master` served (the slots it held
     /// when [`RedisCluster::kill`] or [`RedisCluster::stall`] last hit it, else the ones
     /// it holds now), every live
@@ -725,6 +751,34 @@ impl Stall {
         if let Some(t) = self.thread.take() {
             t.join().expect("stall thread");
         }
+    }
+}
+
+/// A `MONITOR` of one node ([`RedisCluster::monitor`]).
+#[derive(Debug)]
+pub struct Monitor {
+    child: std::process::Child,
+    reader: Option<JoinHandle<String>>,
+}
+
+impl Monitor {
+    /// Ends it; the commands seen, one per line as `MONITOR` prints them.
+    pub fn stop(mut self) -> String {
+        // `timeout` passes TERM on to redis-cli (a KILL would leave redis-cli running
+        // and the pipe open).
+        signal(self.child.id(), "TERM");
+        let _ = self.child.wait();
+        self.reader
+            .take()
+            .map(|r| r.join().expect("monitor reader"))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        signal(self.child.id(), "TERM");
+        let _ = self.child.wait();
     }
 }
 

@@ -358,3 +358,54 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
         vec![0; SHARDS as usize]
     );
 }
+
+/// A stockd that has reserved nothing on a donor since it started holds no mark of it,
+/// and a take without an epoch is checked against no rebuild (take.lua): one that ran
+/// late, after a rebuild, would take units the rebuild had just counted. So the first
+/// take on such a donor carries the donor's fence, read before it. Seen on the donor's
+/// master with `MONITOR`: the take's epoch argument is the shard's fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stockds_first_take_on_a_donor_it_never_served_carries_the_donors_epoch() {
+    const SHARDS: u32 = 2;
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&cluster, &db);
+    // stockd 1 warms the activity (its rebuild marks every shard); stockd 2 starts after
+    // and finds the shards open: it has no mark of any.
+    let h1 = spawn_stockd(&deps, |_| {}).await;
+    let act = create_published_activity(&h1, &[(4, 100)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let h2 = spawn_stockd(&deps, |c| c.stock.fence_check_ms = 600_000).await;
+    let mut c2 = h2.stock_client().await;
+    until_available(&c2, a, s).await;
+    let redis = cluster.client().await;
+    let epochs = fences(&redis, a, SHARDS).await;
+    let donor_epoch = epochs[1].clone().expect("shard 1 open");
+    assert_eq!(shard_stock(&redis, a, s, SHARDS).await, vec![2, 2]);
+
+    // Shard 0's buyers empty it through stockd 2; the next one needs a move from shard 1.
+    for k in 0..2 {
+        let user = user_on_shard(&format!("home-{k}"), 0, SHARDS);
+        let r = reserve(&mut c2, a, s, &user, "r").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    }
+    let monitor = cluster.monitor(cluster.master_of_key(&keys::fence(a, 1)));
+    let user = user_on_shard("moved", 0, SHARDS);
+    let r = reserve(&mut c2, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    let seen = monitor.stop();
+
+    let take = TakeCall::SCRIPT.sha1();
+    let takes: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains(&take))
+        .collect();
+    assert!(!takes.is_empty(), "no take on the donor's master:\n{seen}");
+    for line in takes {
+        // ... "EVALSHA" "<sha>" "3" "<fence>" "<stock>" "<seq>" "<units>" "<epoch>" "<seq>"
+        let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        assert_eq!(args.len(), 9, "{line}");
+        assert_eq!(args[7], donor_epoch, "the take's epoch: {line}");
+    }
+}
