@@ -10,7 +10,7 @@
 //! (`keys::buyers`, HKEYS); `keys::SOLD_OUT_CHANNEL`; and `SOLD_OUT` answers from
 //! stockd. The flag is set only together with the holders read after the stock
 //! ([`Catalog::set_holders`]); the channel and stockd's answers only ask for that read
-//! at once ([`Catalog::report_sold_out`]). So every edge of a fleet turns an item sold
+//! at once ([`Catalog::report_sold_out`], [`Catalog::report_sold_out_answer`]). So every edge of a fleet turns an item sold
 //! out with the same holders, read from the same hashes, refreshed on every poll.
 //!
 //! Those keys live on the activity's Redis Cluster ([`Activity::cluster`]): the
@@ -387,16 +387,31 @@ impl Catalog {
         self.get(a).and_then(|act| act.item(s).cloned())
     }
 
-    /// A feed says the item sold out (pub/sub, a `SOLD_OUT` answer from stockd) or is on
-    /// sale again. Sold out: no units left for the admission cap, and the feeds read the
-    /// stock and holders now ([`Self::read_wanted`]); the flag waits for the holders
-    /// ([`Self::set_holders`]), so that a holder's resend is never refused meanwhile.
-    /// On sale: the flag and the holders are dropped at once.
+    /// stockd's sold-out channel says the item sold out or is on sale again. Sold out:
+    /// no units left for the admission cap, and the feeds read the stock and holders now
+    /// ([`Self::read_wanted`]); the flag waits for the holders ([`Self::set_holders`]),
+    /// so that a holder's resend is never refused meanwhile. On sale: the flag and the
+    /// holders are dropped at once. Either way a read running now is stale
+    /// ([`Self::news`]).
     pub fn report_sold_out(&self, a: u64, s: u64, sold_out: bool) {
+        self.report(a, s, sold_out, true);
+    }
+
+    /// stockd answered a reserve `SOLD_OUT`: as [`Self::report_sold_out`] says sold out,
+    /// but one request's view rather than an announcement, so it leaves running reads
+    /// alone. (Counted, the answers that keep coming during a sell-out would make every
+    /// read stale and hold the flag back; and this is the reserve's hot path.)
+    pub fn report_sold_out_answer(&self, a: u64, s: u64) {
+        self.report(a, s, true, false);
+    }
+
+    fn report(&self, a: u64, s: u64, sold_out: bool, news: bool) {
         let Some(act) = self.get(a) else { return };
         if let Some(item) = act.item(s) {
-            // Before the change: a read running now sees it and stands down.
-            item.news.fetch_add(1, Ordering::SeqCst);
+            if news {
+                // Before the change: a read running now sees it and stands down.
+                item.news.fetch_add(1, Ordering::SeqCst);
+            }
             // Read on every poll for a while, so the read asked below includes it.
             item.touch(seckill_lua::clock::unix_ms() as i64);
             if sold_out {
@@ -662,6 +677,11 @@ mod tests {
             item.sold_out_for(None),
             "a stale on-sale read does not clear the flag"
         );
+        // stockd's SOLD_OUT answers are not news: a read running meanwhile applies.
+        let seen = c.news(1, 7);
+        c.report_sold_out_answer(1, 7);
+        c.set_holders(1, 7, holders(&[]), seen);
+        assert!(item.sold_out_for(Some("alice")), "the read applied");
         // A refresh of the catalog keeps the count.
         let seen = c.news(1, 7);
         c.replace(vec![meta(1, &[(7, 2)])]);

@@ -169,7 +169,7 @@ pub(crate) async fn reserve_answer(
         Ok((Reserve::Duplicate(rid, _), _)) => Refusal::Duplicate(rid),
         Ok((Reserve::NotEnough(remaining), _)) => Refusal::NotEnough { remaining },
         Ok((Reserve::SoldOut, _)) => {
-            shared.catalog.report_sold_out(a, s, true);
+            shared.catalog.report_sold_out_answer(a, s);
             Refusal::SoldOut
         }
         Ok((Reserve::NotStarted { start_at_ms }, _)) => Refusal::TooEarly {
