@@ -493,14 +493,13 @@ impl App {
         if hw.epoch.is_empty() {
             // No mark yet (this process has reserved nothing there since it started): a
             // take without an epoch would be checked against no rebuild at all (see
-            // take.lua). The donor's fence is the mark to start from, read once.
+            // take.lua). The donor's fence is the mark to start from, read once. (No
+            // fence: the take answers the lost state.)
             let fence = redis.mget(vec![keys::fence(a, donor)]).await?;
-            let Some(epoch) = fence.into_iter().next().flatten() else {
-                self.trigger_recompute(&entry, Cause::Lost, "fence missing at a take's read");
-                return Ok(Step::Lost);
-            };
-            entry.saw(donor, &epoch, 0, false);
-            hw = entry.high_water(donor);
+            if let Some(epoch) = fence.into_iter().next().flatten() {
+                entry.saw(donor, &epoch, 0, false);
+                hw = entry.high_water(donor);
+            }
         }
         let mut adopted = false;
         let (replicated, taken, epoch) = loop {

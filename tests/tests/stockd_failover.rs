@@ -19,7 +19,7 @@ use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::orderd::{count_all_orders, spawn_orderd};
 use seckill_tests::redis::Persistence;
 use seckill_tests::stockd::{
-    create_published_activity, reserve, spawn_stockd, stock_status, StockClient,
+    create_published_activity, reserve, spawn_stockd, stock_status, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -315,28 +315,85 @@ async fn without_replica_acks_the_same_failover_loses_reservations_that_were_ans
     );
 }
 
+/// A one-shard sale of 5 units on a replicated cluster, its stockd waiting for one
+/// replica (100 ms) per call; the shard's master and that master's replica.
+struct AckedSale {
+    cluster: RedisCluster,
+    _db: TestDb,
+    _h: StockdHandle,
+    c: StockClient,
+    a: u64,
+    s: u64,
+    master: u16,
+    replica: u16,
+}
+
+impl AckedSale {
+    async fn start() -> Self {
+        init_tracing();
+        let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+        let db = TestDb::create().await;
+        let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+            c.redis.replica_acks = 1;
+            c.redis.replica_ack_timeout_ms = 100;
+            c.redis.timeout_ms = 1000;
+        })
+        .await;
+        let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
+        let (a, s) = (act.id, act.items[0].id);
+        let master = cluster.master_of_key(&keys::fence(a, 0));
+        let replica = cluster.replicas_of(master)[0];
+        Self {
+            c: h.stock_client().await,
+            cluster,
+            _db: db,
+            _h: h,
+            a,
+            s,
+            master,
+            replica,
+        }
+    }
+}
+
+/// Calls `call` until it answers something else than UNAVAILABLE (a replica caught up),
+/// for at most 10 s; that answer.
+async fn once_acknowledged<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call().await {
+            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
 /// `Release` is acknowledged like a reservation: while the shard's replica is stalled it
 /// answers UNAVAILABLE (the master has the release, no replica does), and a retry answers
 /// NOT_HELD only once the replica holds the first call's release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_no_replica_acknowledged_answers_unavailable_until_one_does() {
-    init_tracing();
-    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.redis.replica_acks = 1;
-        c.redis.replica_ack_timeout_ms = 100;
-        c.redis.timeout_ms = 1000;
-    })
-    .await;
-    let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let mut c = h.stock_client().await;
+    let AckedSale {
+        cluster,
+        mut c,
+        a,
+        s,
+        master,
+        replica,
+        // Bound, not `..`: the daemon and the database live until the test ends.
+        _h: _stockd,
+        _db: _database,
+        ..
+    } = AckedSale::start().await;
     let r = reserve(&mut c, a, s, "bob", "req").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
     let stock_key = keys::stock(a, 0, s);
-    let master = cluster.master_of_key(&stock_key);
-    let replica = cluster.replicas_of(master)[0];
     assert_eq!(cluster.get_on(replica, &stock_key).as_deref(), Some("4"));
 
     let release = || seckill_proto::pb::ReleaseRequest {
@@ -358,15 +415,12 @@ async fn a_release_no_replica_acknowledged_answers_unavailable_until_one_does() 
 
     tokio::task::block_in_place(|| stall.join());
     // The replica catches up on what piled up; retry as a caller would.
-    let until = Instant::now() + Duration::from_secs(10);
-    let done = loop {
-        match c.release(release()).await {
-            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => break other.unwrap().into_inner(),
-        }
-    };
+    let done = once_acknowledged(|| {
+        let mut c = c.clone();
+        async move { c.release(release()).await }
+    })
+    .await
+    .into_inner();
     assert_eq!(
         done.outcome(),
         seckill_proto::pb::ReleaseOutcome::NotHeld,
@@ -383,21 +437,17 @@ async fn a_release_no_replica_acknowledged_answers_unavailable_until_one_does() 
 /// replica holds the reservation, the second click is a DUPLICATE naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_is_answered_only_once_a_replica_holds_the_reservation_it_names() {
-    init_tracing();
-    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
-    let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.redis.replica_acks = 1;
-        c.redis.replica_ack_timeout_ms = 100;
-        c.redis.timeout_ms = 1000;
-    })
-    .await;
-    let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
-    let (a, s) = (act.id, act.items[0].id);
-    let mut c = h.stock_client().await;
-    let buyers = keys::buyers(a, 0, s);
-    let master = cluster.master_of_key(&buyers);
-    let replica = cluster.replicas_of(master)[0];
+    let AckedSale {
+        cluster,
+        mut c,
+        a,
+        s,
+        replica,
+        // Bound, not `..`: the daemon and the database live until the test ends.
+        _h: _stockd,
+        _db: _database,
+        ..
+    } = AckedSale::start().await;
 
     let stall = cluster.stall(replica, 3000);
     let first = reserve(&mut c, a, s, "bob", "click-1").await.unwrap_err();
@@ -409,15 +459,11 @@ async fn a_duplicate_is_answered_only_once_a_replica_holds_the_reservation_it_na
     );
 
     tokio::task::block_in_place(|| stall.join());
-    let until = Instant::now() + Duration::from_secs(10);
-    let dup = loop {
-        match reserve(&mut c, a, s, "bob", "click-2").await {
-            Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => break other.unwrap(),
-        }
-    };
+    let dup = once_acknowledged(|| {
+        let mut c = c.clone();
+        async move { reserve(&mut c, a, s, "bob", "click-2").await }
+    })
+    .await;
     assert_eq!(dup.outcome(), ReserveOutcome::Duplicate);
     // The replica holds the reservation's unit (taken by the same script).
     assert_eq!(
