@@ -88,7 +88,12 @@ where
         println!("{}: ok", path.display());
         return ExitCode::SUCCESS;
     }
-    crate::telemetry::init(endpoints(&config).json_logs, endpoints(&config).log_level);
+    // Held to the end of this function: dropping it writes the lines still queued.
+    let _log = crate::telemetry::init(
+        endpoints(&config).json_logs,
+        endpoints(&config).log_level,
+        true,
+    );
     let threads = endpoints(&config).worker_threads;
     let mut builder = runtime_builder(threads);
     let rt = match builder.build() {
@@ -125,7 +130,11 @@ where
         run(config, grpc, admin, shutdown).await
     });
     match served {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            // The last line of a clean stop; `_log`'s drop writes it and any still queued.
+            tracing::info!("{name} stopped");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("{name}: {e:#}");

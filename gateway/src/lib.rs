@@ -83,7 +83,8 @@ pub struct RunOpts {
 }
 
 /// Builds the pingora server (HTTP service, admin service, Redis feeds, SIGHUP reload)
-/// and runs it until SIGTERM/SIGINT, or SIGQUIT for a graceful upgrade. Never returns.
+/// and runs it until SIGTERM/SIGINT, or SIGQUIT for a graceful upgrade; returns once
+/// the services have stopped (with `--daemon`, only in the forked child).
 pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     let mut conf = ServerConf::new().ok_or_else(|| anyhow::anyhow!("pingora default conf"))?;
     conf.threads = config.server.threads;
@@ -196,7 +197,10 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
         admin = %config.admin.listen,
         "gateway starting"
     );
-    server.run_forever()
+    // `run`, not `run_forever`: that one exits the process itself, before `main` could
+    // write the log lines still queued.
+    server.run(pingora::server::RunArgs::default());
+    Ok(())
 }
 
 /// Whether a changed field (dotted path) takes effect on SIGHUP. The rest (listeners,

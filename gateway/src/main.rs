@@ -45,14 +45,26 @@ fn main() {
         println!("{}: ok", flags.config.display());
         return;
     }
-    seckill_daemon::telemetry::init(config.log.json, config.log.level.as_deref());
+    // The log writer's thread would not survive `--daemon`'s fork: a daemonized gateway
+    // writes its lines itself. Held to the end: dropping it writes what is still queued.
+    let log = seckill_daemon::telemetry::init(
+        config.log.json,
+        config.log.level.as_deref(),
+        !flags.daemon,
+    );
     let opts = gateway::RunOpts {
         config_path: flags.config,
         config_table: table,
         upgrade: flags.upgrade,
         daemon: flags.daemon,
     };
-    if let Err(e) = gateway::run(config, opts) {
+    let ran = gateway::run(config, opts);
+    if ran.is_ok() {
+        // The last line of a clean stop; dropping the guard writes it and any still queued.
+        tracing::info!("gateway stopped");
+    }
+    drop(log);
+    if let Err(e) = ran {
         eprintln!("gateway: {e:#}");
         std::process::exit(1);
     }

@@ -152,6 +152,7 @@ impl Metrics {
             Box::new(tracked_ips.clone()),
             Box::new(auto_bans.clone()),
             Box::new(catalog_refresh_errors.clone()),
+            Box::new(seckill_daemon::telemetry::DroppedLines::new("gateway")),
         ] {
             registry.register(c).expect("unique metric names");
         }

@@ -172,6 +172,7 @@ impl Metrics {
             Box::new(stock_return_oldest_pending_seconds.clone()),
             Box::new(timeouts.clone()),
             Box::new(unknown_cluster_activities.clone()),
+            Box::new(seckill_daemon::telemetry::DroppedLines::new("orderd")),
         ] {
             registry.register(c).expect("metric registered once");
         }

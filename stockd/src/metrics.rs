@@ -298,6 +298,7 @@ impl Metrics {
             Box::new(unavailable_activities.clone()),
             Box::new(rebuild_leases_held.clone()),
             Box::new(rebuild_lease_waits.clone()),
+            Box::new(seckill_daemon::telemetry::DroppedLines::new("stockd")),
         ] {
             registry.register(m).expect("metric names are unique");
         }

@@ -113,3 +113,40 @@ async fn sighup_applies_max_tracked_and_the_access_log_and_names_what_needs_a_re
     );
     assert!(gw.child.is_running());
 }
+
+/// Access lines are written by the log writer's thread, in batches. A clean stop writes
+/// every line still queued before the process exits, down to the gateway's last line,
+/// logged after pingora's services stopped (pingora's `run_forever` ends the process
+/// itself, so neither that line nor anything queued after it would be written), and the
+/// log file holds no colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_writes_every_access_line_still_queued() {
+    let s = Stack::start().await;
+    let mut gw = s
+        .gateway(|c| {
+            set(
+                c,
+                "bans",
+                "trusted_proxies",
+                vec!["127.0.0.1/32".to_string()],
+            );
+        })
+        .await;
+    let before = access_lines(&gw);
+    from_many_clients(&gw, 0, 2000).await;
+    // SIGTERM at once: the last requests' lines may still be queued.
+    gw.child.terminate(Duration::from_secs(20));
+    assert!(!gw.child.is_running());
+    let log = gw.log();
+    let written = log.lines().filter(|l| l.contains("micros")).count() - before;
+    assert_eq!(written, 2000, "access lines written before the exit");
+    assert!(
+        log.trim_end().ends_with("gateway stopped"),
+        "the last line of a clean stop: {}",
+        log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes in the gateway's log file"
+    );
+}
