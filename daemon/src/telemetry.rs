@@ -13,17 +13,19 @@
 //! formatting's colour codes (written into log files too) 2 % more. The queue holds
 //! [`QUEUED_LINES`]; past that, lines are dropped rather than making a request wait,
 //! and counted (`<daemon>_log_lines_dropped_total`, [`DroppedLines`]). Hold the
-//! [`LogGuard`] until the process ends: dropping it writes what is still queued.
+//! [`LogGuard`] until the process ends: dropping it writes what is still queued. A
+//! process that forks after [`init`] (the gateway's `--daemon`) starts the writer thread
+//! in the child with [`start_writer`]; until then each line is written where it is logged.
 //! Colour codes only when stderr is a terminal.
 
-use std::io::{BufWriter, IsTerminal as _};
-use std::sync::OnceLock;
+use std::io::{BufWriter, IsTerminal as _, Stderr};
+use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, Opts};
-use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
-use tracing_subscriber::fmt::writer::BoxMakeWriter;
+use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
+use tracing_subscriber::fmt::writer::{EitherWriter, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
@@ -31,8 +33,12 @@ use tracing_subscriber::{reload, EnvFilter, Registry};
 /// The handle of the installed filter; set by the [`init`] that installed the subscriber.
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// The installed writer's count of dropped lines; set with [`FILTER`].
-static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+/// The writer thread's queue, once [`start_writer`] ran; until then lines go straight
+/// to stderr.
+static WRITER: OnceLock<NonBlocking> = OnceLock::new();
+
+/// The writer thread's guard, taken and dropped by [`LogGuard`]'s drop.
+static WRITER_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 
 /// Lines the writer's queue holds before new ones are dropped (about 30 MB of access
 /// lines; at 100,000 lines a second, a second and more of a stalled disk).
@@ -41,33 +47,52 @@ pub const QUEUED_LINES: usize = 128_000;
 /// Bytes the writer gathers before a `write` (it writes sooner when the queue is empty).
 const WRITE_BUFFER: usize = 64 * 1024;
 
-/// Keeps the log writer's thread. Dropping it writes the lines still queued, then
-/// ends the thread: hold it until the process exits.
+/// Where the subscriber's lines go: the writer thread's queue once started, else stderr.
+#[derive(Clone, Copy)]
+struct Lines;
+
+impl<'a> MakeWriter<'a> for Lines {
+    type Writer = EitherWriter<NonBlocking, Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        match WRITER.get() {
+            Some(queue) => EitherWriter::A(queue.clone()),
+            None => EitherWriter::B(std::io::stderr()),
+        }
+    }
+}
+
+/// Stops the log writer when dropped: the lines still queued are written (the writer
+/// is given about a second), then its thread ends. Hold it until the process exits.
 #[must_use = "dropping the guard stops the log writer"]
-pub struct LogGuard(#[allow(dead_code)] Option<WorkerGuard>);
+pub struct LogGuard {
+    installed: bool,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        if self.installed {
+            let guard = WRITER_GUARD
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            drop(guard);
+        }
+    }
+}
 
 /// Installs the global subscriber with `level` (a `log.level` value; `None`: `RUST_LOG`,
-/// else `info`). Safe to call twice (the second call is a no-op, and its guard holds
+/// else `info`). Safe to call twice (the second call is a no-op, and its guard stops
 /// nothing), which tests that start several daemons in one process rely on.
-/// `background`: lines written by the writer thread (see the module); `false` writes
-/// each line from the thread that logs it, for a process about to fork (the gateway's
-/// `--daemon`: a thread started before the fork does not exist in the child).
+/// `background`: start the writer thread now ([`start_writer`]). A process about to
+/// fork passes `false` and calls [`start_writer`] in the child (the gateway's
+/// `--daemon`: a thread started before the fork does not exist after it); until then
+/// each line is written by the thread that logs it.
 pub fn init(json: bool, level: Option<&str>, background: bool) -> LogGuard {
     let (filter, handle) = reload::Layer::new(filter_for(level));
-    let (writer, guard, dropped) = if background {
-        let (writer, guard) = NonBlockingBuilder::default()
-            .buffered_lines_limit(QUEUED_LINES)
-            .lossy(true)
-            .thread_name("log-writer")
-            .finish(BufWriter::with_capacity(WRITE_BUFFER, std::io::stderr()));
-        let dropped = writer.error_counter();
-        (BoxMakeWriter::new(writer), Some(guard), Some(dropped))
-    } else {
-        (BoxMakeWriter::new(std::io::stderr), None, None)
-    };
     let lines = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(writer);
+        .with_writer(Lines);
     let installed = if json {
         tracing_subscriber::registry()
             .with(filter)
@@ -80,19 +105,35 @@ pub fn init(json: bool, level: Option<&str>, background: bool) -> LogGuard {
             .try_init()
     };
     if installed.is_err() {
-        return LogGuard(None);
+        return LogGuard { installed: false };
     }
     let _ = FILTER.set(handle);
-    if let Some(dropped) = dropped {
-        let _ = DROPPED.set(dropped);
+    if background {
+        start_writer();
     }
-    LogGuard(guard)
+    LogGuard { installed: true }
+}
+
+/// Starts the writer thread (see the module), once; later calls do nothing. Lines
+/// logged from now on are queued for it.
+pub fn start_writer() {
+    let mut slot = WRITER_GUARD.lock().unwrap_or_else(|p| p.into_inner());
+    if WRITER.get().is_some() {
+        return;
+    }
+    let (queue, guard) = NonBlockingBuilder::default()
+        .buffered_lines_limit(QUEUED_LINES)
+        .lossy(true)
+        .thread_name("log-writer")
+        .finish(BufWriter::with_capacity(WRITE_BUFFER, std::io::stderr()));
+    if WRITER.set(queue).is_ok() {
+        *slot = Some(guard);
+    }
 }
 
 /// `<prefix>_log_lines_dropped_total`: the log lines this process dropped because the
-/// writer's queue was full (0 when [`init`] did not install the subscriber, or wrote
-/// without the writer thread). Read at
-/// each scrape from the writer's own count.
+/// writer's queue was full (0 while no writer thread runs). Read at each scrape from
+/// the writer's own count.
 #[derive(Clone)]
 pub struct DroppedLines {
     opts: Opts,
@@ -124,7 +165,11 @@ impl Collector for DroppedLines {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        self.family(DROPPED.get().map_or(0, |c| c.dropped_lines() as u64))
+        self.family(
+            WRITER
+                .get()
+                .map_or(0, |q| q.error_counter().dropped_lines() as u64),
+        )
     }
 }
 

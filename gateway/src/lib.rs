@@ -165,6 +165,9 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     admin.add_tcp(&config.admin.listen);
     server.add_service(admin);
 
+    // A `--daemon` gateway starts its log writer thread here, in the forked child (a
+    // thread started before the fork would not exist in it); otherwise `main` has.
+    server.add_service(background_service("log writer", LogWriter));
     server.add_service(background_service(
         "redis feeds",
         redis::Feeds::new(shared.clone(), announce_rx),
@@ -226,6 +229,17 @@ pub fn reloads_live(field: &str) -> bool {
     SECTIONS.iter().any(|s| field.starts_with(s))
         || FIELDS.contains(&field)
         || field == seckill_daemon::reload::LOG_LEVEL
+}
+
+/// Starts the log writer thread (`seckill_daemon::telemetry::start_writer`) once pingora
+/// runs its services, i.e. after `--daemon`'s fork; a no-op when `main` started it.
+struct LogWriter;
+
+#[async_trait::async_trait]
+impl pingora::services::background::BackgroundService for LogWriter {
+    async fn start(&self, _shutdown: pingora::server::ShutdownWatch) {
+        seckill_daemon::telemetry::start_writer();
+    }
 }
 
 /// SIGHUP: read the file again (with the environment overrides, validated as at start);

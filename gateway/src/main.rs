@@ -46,7 +46,8 @@ fn main() {
         return;
     }
     // The log writer's thread would not survive `--daemon`'s fork: a daemonized gateway
-    // writes its lines itself. Held to the end: dropping it writes what is still queued.
+    // starts it in the child (`run`'s "log writer" service). Held to the end: dropping
+    // it writes what is still queued.
     let log = seckill_daemon::telemetry::init(
         config.log.json,
         config.log.level.as_deref(),

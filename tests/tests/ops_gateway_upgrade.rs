@@ -44,6 +44,18 @@ fn alive(pid: u32) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// True when process `pid` runs a thread named `log-writer` (the log writer of
+/// `seckill_daemon::telemetry`; a daemonized gateway must start it after the fork).
+fn has_log_writer(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "log-writer")
+        })
+}
+
 /// The unit's world moved into a temporary directory: `/run/seckill-gateway` and
 /// `/etc/seckill/gateway.toml` there, `/usr/local/bin/gateway` the built binary.
 struct Host {
@@ -156,6 +168,10 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
     .await;
     let first = host.main_pid().expect("ExecStart wrote the pid file");
     assert!(alive(first));
+    assert!(
+        has_log_writer(first),
+        "the daemonized gateway writes its lines from a log-writer thread"
+    );
 
     // Clients on fresh connections all through the reload.
     let stop = Arc::new(AtomicBool::new(false));
@@ -197,6 +213,11 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
         || async { host.main_pid().is_some_and(|p| p != first && alive(p)) && !alive(first) },
     )
     .await;
+    let upgraded = host.main_pid().unwrap();
+    assert!(
+        has_log_writer(upgraded),
+        "the upgraded (`-u -d`) gateway writes its lines from a log-writer thread"
+    );
     let served_before = ok.load(Ordering::Relaxed);
     wait_until_async(
         "requests after the upgrade",

@@ -1,5 +1,5 @@
 //! The gateway for tests: [`spawn_gateway`] runs the built `gateway` binary (pingora
-//! owns its process: signals, threads, exit) as a child process with a generated
+//! owns its process: signals, threads) as a child process with a generated
 //! config on free ports, and waits for `/readyz`. Needs `cargo build -p gateway --bins`.
 //!
 //! The config has `dev.enabled = true`, so [`GatewayHandle::dev_token`] gets a JWT for
