@@ -10,8 +10,9 @@
 //! (`keys::buyers`, HKEYS); `keys::SOLD_OUT_CHANNEL`; and `SOLD_OUT` answers from
 //! stockd. The flag is set only together with the holders read after the stock
 //! ([`Catalog::set_holders`]); the channel and stockd's answers only ask for that read
-//! at once ([`Catalog::report_sold_out`], [`Catalog::report_sold_out_answer`]). So every edge of a fleet turns an item sold
-//! out with the same holders, read from the same hashes, refreshed on every poll.
+//! at once ([`Catalog::report_sold_out`], [`Catalog::report_sold_out_answer`]). So
+//! every edge of a fleet turns an item sold out with the same holders, read from the
+//! same hashes, refreshed on every poll.
 //!
 //! Those keys live on the activity's Redis Cluster ([`Activity::cluster`]): the
 //! default one or a named one. Each cluster has its own read, asked for through its

@@ -44,8 +44,22 @@ async fn tracked_ips(gw: &GatewayHandle) -> u64 {
 }
 
 fn access_lines(gw: &GatewayHandle) -> usize {
+    access_lines_in(&gw.log())
+}
+
+fn access_lines_in(log: &str) -> usize {
     // One access line per request; `micros` is a field of those lines only.
-    gw.log().lines().filter(|l| l.contains("micros")).count()
+    log.lines().filter(|l| l.contains("micros")).count()
+}
+
+/// `/32` of the harness trusted as a proxy, so `X-Forwarded-For` names the clients.
+fn trust_the_harness(c: &mut gateway::toml::Table) {
+    set(
+        c,
+        "bans",
+        "trusted_proxies",
+        vec!["127.0.0.1/32".to_string()],
+    );
 }
 
 async fn wait_reloaded(gw: &GatewayHandle, before: usize) {
@@ -62,12 +76,7 @@ async fn sighup_applies_max_tracked_and_the_access_log_and_names_what_needs_a_re
     let s = Stack::start().await;
     let mut gw = s
         .gateway(|c| {
-            set(
-                c,
-                "bans",
-                "trusted_proxies",
-                vec!["127.0.0.1/32".to_string()],
-            );
+            trust_the_harness(c);
             set(c, "limits", "max_tracked", 1_000_000);
         })
         .await;
@@ -126,23 +135,14 @@ async fn sighup_applies_max_tracked_and_the_access_log_and_names_what_needs_a_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_writes_every_access_line_still_queued() {
     let s = Stack::start().await;
-    let mut gw = s
-        .gateway(|c| {
-            set(
-                c,
-                "bans",
-                "trusted_proxies",
-                vec!["127.0.0.1/32".to_string()],
-            );
-        })
-        .await;
+    let mut gw = s.gateway(trust_the_harness).await;
     let before = access_lines(&gw);
     from_many_clients(&gw, 0, 2000).await;
     // SIGTERM at once: the last requests' lines may still be queued.
     gw.child.terminate(Duration::from_secs(20));
     assert!(!gw.child.is_running());
     let log = gw.log();
-    let written = log.lines().filter(|l| l.contains("micros")).count() - before;
+    let written = access_lines_in(&log) - before;
     assert_eq!(written, 2000, "access lines written before the exit");
     assert!(
         log.trim_end().ends_with("gateway stopped"),
