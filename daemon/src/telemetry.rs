@@ -14,8 +14,11 @@
 //! [`QUEUED_LINES`]; past that, lines are dropped rather than making a request wait,
 //! and counted (`<daemon>_log_lines_dropped_total`, [`DroppedLines`]). Hold the
 //! [`LogGuard`] until the process ends: dropping it writes what is still queued. A
-//! process that forks after [`init`] (the gateway's `--daemon`) starts the writer thread
-//! in the child with [`start_writer`]; until then each line is written where it is logged.
+//! process that forks after [`init`] (the gateway's `--daemon`), or that may end without
+//! unwinding before it serves (pingora's bootstrap calls `exit(1)` right after logging
+//! why a `-u` takeover failed, and a queued line would die with the process), starts
+//! the writer thread later with [`start_writer`]; until then each line is written where
+//! it is logged.
 //! Colour codes only when stderr is a terminal.
 
 use std::io::{BufWriter, IsTerminal as _, Stderr};
@@ -85,8 +88,9 @@ impl Drop for LogGuard {
 /// else `info`). Safe to call twice (the second call is a no-op, and its guard stops
 /// nothing), which tests that start several daemons in one process rely on.
 /// `background`: start the writer thread now ([`start_writer`]). A process about to
-/// fork passes `false` and calls [`start_writer`] in the child (the gateway's
-/// `--daemon`: a thread started before the fork does not exist after it); until then
+/// fork, or to run code that may `exit` on its own, passes `false` and calls
+/// [`start_writer`] after (the gateway, once pingora's bootstrap and `--daemon`'s fork
+/// are behind it: a thread started before the fork does not exist after it); until then
 /// each line is written by the thread that logs it.
 pub fn init(json: bool, level: Option<&str>, background: bool) -> LogGuard {
     let (filter, handle) = reload::Layer::new(filter_for(level));

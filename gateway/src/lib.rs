@@ -165,8 +165,10 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     admin.add_tcp(&config.admin.listen);
     server.add_service(admin);
 
-    // A `--daemon` gateway starts its log writer thread here, in the forked child (a
-    // thread started before the fork would not exist in it); otherwise `main` has.
+    // The log writer thread starts here, once the services run: in a `--daemon`
+    // gateway's forked child (a thread started before the fork would not exist in it),
+    // and after the bootstrap, whose failure ends the process without unwinding
+    // (`main`).
     server.add_service(background_service("log writer", LogWriter));
     server.add_service(background_service(
         "redis feeds",
@@ -232,7 +234,8 @@ pub fn reloads_live(field: &str) -> bool {
 }
 
 /// Starts the log writer thread (`seckill_daemon::telemetry::start_writer`) once pingora
-/// runs its services, i.e. after `--daemon`'s fork; a no-op when `main` started it.
+/// runs its services, i.e. after the bootstrap and `--daemon`'s fork; a no-op when it
+/// runs already (a test process that started it for another daemon).
 struct LogWriter;
 
 #[async_trait::async_trait]

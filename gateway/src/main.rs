@@ -45,14 +45,13 @@ fn main() {
         println!("{}: ok", flags.config.display());
         return;
     }
-    // The log writer's thread would not survive `--daemon`'s fork: a daemonized gateway
-    // starts it in the child (`run`'s "log writer" service). Held to the end: dropping
-    // it writes what is still queued.
-    let log = seckill_daemon::telemetry::init(
-        config.log.json,
-        config.log.level.as_deref(),
-        !flags.daemon,
-    );
+    // The log writer's thread starts once pingora runs the services (`run`'s "log
+    // writer" service): after `--daemon`'s fork, which a thread started before it would
+    // not survive, and after pingora's bootstrap, which ends the process itself
+    // (`exit(1)`) when a `-u` takeover fails, right after logging why: until then each
+    // line is written by the thread that logs it, so that last line is never left in a
+    // queue. Held to the end: dropping it writes what is still queued.
+    let log = seckill_daemon::telemetry::init(config.log.json, config.log.level.as_deref(), false);
     let opts = gateway::RunOpts {
         config_path: flags.config,
         config_table: table,

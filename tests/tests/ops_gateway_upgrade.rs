@@ -244,3 +244,34 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
     assert_eq!(r.status(), 200);
     assert_eq!(host.main_pid(), Some(second));
 }
+
+/// A takeover (`gateway -u`) with no running gateway to hand the sockets over fails in
+/// pingora's bootstrap, which ends the process itself (`exit(1)`, after about five
+/// seconds of retries) right after logging why. That line is what the operator reads,
+/// so it must be in the log: the log writer thread starts only once the services run,
+/// and until then each line is written by the thread that logs it (a line queued for a
+/// writer thread would die with the process).
+#[test]
+fn a_failed_takeover_exits_non_zero_and_its_last_line_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/gateway.toml");
+    let out = Command::new(workspace_bin("gateway"))
+        .arg("-u")
+        .arg("-c")
+        .arg(&config)
+        .env(
+            "GATEWAY__SERVER__UPGRADE_SOCK",
+            dir.path().join("nobody.sock"),
+        )
+        .env("GATEWAY__SERVER__PID_FILE", dir.path().join("gateway.pid"))
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run gateway -u");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("Bootstrap failed"),
+        "the log's last line should say why the takeover failed: {last:?}\n{log}"
+    );
+}
