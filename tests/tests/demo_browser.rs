@@ -22,7 +22,6 @@ use std::time::Duration;
 use seckill_tests::gateway::{set, GatewayHandle, Stack};
 use seckill_tests::init_tracing;
 use seckill_tests::process::free_port;
-use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::create_published_activity;
 use serde_json::{json, Value};
 
@@ -564,11 +563,7 @@ async fn a_buyer_in_headless_chromium_solves_the_challenge_in_a_worker_and_buys(
 /// Pauses `gw`'s room of activity `a` (nobody is admitted until the test unpauses it)
 /// and has `ahead` other buyers join it through the API.
 async fn pause_room_with_buyers_in_it(gw: &GatewayHandle, a: u64, ahead: usize) {
-    gw.room_knobs(a, json!({"paused": true})).await;
-    wait_until_async("the room paused", Duration::from_secs(20), || async {
-        gw.room_admin_status(a).await["paused"] == true
-    })
-    .await;
+    gw.room_pause(a, true).await;
     let now = seckill_lua::clock::now_ms() as u64;
     for i in 0..ahead {
         let jwt = gw.jwt(&format!("ahead-{i}"), 3600, now);
@@ -638,7 +633,7 @@ async fn a_buyer_in_headless_chromium_waits_in_the_queue_then_buys_once_admitted
     assert!(!d.enabled("#buy").await, "buy stays greyed while queued");
     d.screenshot(&artefact("room_queue.png")).await;
 
-    gw.room_knobs(a, json!({"paused": false})).await;
+    gw.room_pause(a, false).await;
     d.wait_text("#room-position", 40, |t| t.contains("Your turn"))
         .await;
     assert!(d.wait_enabled("#buy", 5).await, "buy opens once admitted");
@@ -714,7 +709,7 @@ async fn a_buyer_in_headless_chromium_queues_then_solves_the_challenge_then_buys
     assert!(!d.displayed("#pow").await, "no puzzle before admission");
     d.screenshot(&artefact("fair_entry_queue.png")).await;
 
-    gw.room_knobs(a, json!({"paused": false})).await;
+    gw.room_pause(a, false).await;
     d.wait_text("#room-position", 40, |t| t.contains("Your turn"))
         .await;
     assert!(d.wait_enabled("#buy", 5).await, "buy opens once admitted");

@@ -55,7 +55,7 @@ async fn two_gateways_together_admit_at_the_configured_rate() {
     }
     // Nobody is admitted while the crowd joins: the first admissions then come from a
     // full bucket (one second's worth), the rest at the rate.
-    gws[0].room_knobs(a, json!({"paused": true})).await;
+    gws[0].room_knobs_ok(a, json!({"paused": true})).await;
     for gw in &gws {
         wait_status(gw, a, "paused", json!(true)).await;
     }
@@ -69,7 +69,7 @@ async fn two_gateways_together_admit_at_the_configured_rate() {
         let place = r.body["position_token"].as_str().unwrap().to_string();
         waiting.push((jwt, place));
     }
-    gws[1].room_knobs(a, json!({"paused": false})).await;
+    gws[1].room_knobs_ok(a, json!({"paused": false})).await;
 
     // Every buyer beats every 100 ms, alternating gateways; the admission time is the
     // gateway's clock in the answer that first says "admitted".
@@ -139,7 +139,7 @@ async fn a_buyer_who_stops_heartbeating_loses_the_place_after_the_hold() {
     let a = sale.id;
     let gw = stack.gateway(|c| room(c, "fifo", 5.0, 3)).await;
     gw.wait_activity(a).await;
-    gw.room_knobs(a, json!({"paused": true})).await;
+    gw.room_knobs_ok(a, json!({"paused": true})).await;
     wait_status(&gw, a, "paused", json!(true)).await;
 
     let now = seckill_lua::clock::now_ms() as u64;
@@ -277,7 +277,7 @@ async fn reject_turns_everyone_away_with_a_clear_answer() {
     let r = gw.room_knobs(a, json!({"admit_per_sec": -1})).await;
     assert_eq!(r.status, 400);
     // Back on: admission works again.
-    gw.room_knobs(a, json!({"method": "fifo"})).await;
+    gw.room_knobs_ok(a, json!({"method": "fifo"})).await;
     wait_status(&gw, a, "method", json!("fifo")).await;
     let r = gw.token_admitted(&jwt, a, s, Some(&admission)).await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -378,7 +378,7 @@ async fn admit_a_crowd(method: &str) -> Vec<usize> {
     for gw in &gws {
         gw.wait_activity(a).await;
     }
-    gws[0].room_knobs(a, json!({"paused": true})).await;
+    gws[0].room_knobs_ok(a, json!({"paused": true})).await;
     for gw in &gws {
         wait_status(gw, a, "paused", json!(true)).await;
     }
@@ -434,7 +434,7 @@ async fn admit_a_crowd(method: &str) -> Vec<usize> {
         "{places:?}"
     );
 
-    gws[1].room_knobs(a, json!({"paused": false})).await;
+    gws[1].room_knobs_ok(a, json!({"paused": false})).await;
     // Each round beats every waiting buyer through one gateway, alternating. A gateway's
     // watermark only grows, so on each gateway: a buyer admitted at place p means the
     // watermark is >= p from then on; a waiting answer at `position` k from place p

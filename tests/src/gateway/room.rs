@@ -113,6 +113,36 @@ impl GatewayHandle {
         .await
     }
 
+    /// [`Self::room_knobs`] for a test that goes on only once the change is made: a 503
+    /// (the gateway's Redis call failed, as it may on a loaded machine) is sent again,
+    /// as an operator would, for up to 20 s; then the answer must be 200. Without the
+    /// check, a lost "resume" shows up much later as a room that never moves.
+    pub async fn room_knobs_ok(&self, a: u64, knobs: Value) -> Value {
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let r = self.room_knobs(a, knobs.clone()).await;
+            if r.status == 503 && std::time::Instant::now() < give_up {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                continue;
+            }
+            assert_eq!(r.status, 200, "room {a} knobs {knobs}: {}", r.body);
+            return r.body;
+        }
+    }
+
+    /// Sets room `a`'s `paused` knob ([`Self::room_knobs_ok`]) and waits until this
+    /// gateway's ticks say so (`GET /room/{a}` on the admin port), up to 20 s.
+    pub async fn room_pause(&self, a: u64, paused: bool) {
+        self.room_knobs_ok(a, serde_json::json!({ "paused": paused }))
+            .await;
+        crate::process::wait_until_async(
+            &format!("room {a}: paused = {paused}"),
+            std::time::Duration::from_secs(20),
+            || async { self.room_admin_status(a).await["paused"] == paused },
+        )
+        .await;
+    }
+
     /// `GET /room/{a}` on the admin port (the status as this gateway last ticked it).
     pub async fn room_admin_status(&self, a: u64) -> Value {
         send(
