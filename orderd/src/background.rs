@@ -15,7 +15,7 @@
 //!   finds the record gone and waits for a replica to hold that. One relay per
 //!   Redis cluster, each taking only the rows of the activities placed on it, so a
 //!   cluster that is down holds up only its own returns.
-//! - [`stats`]: orders-by-state and dead-letter gauges, every 5 s.
+//! - [`stats`]: orders-by-state, dead-letter and pending-return gauges, every 5 s.
 
 use std::time::Duration;
 
@@ -186,7 +186,15 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
 }
 
 /// Refreshes the orders-by-state, dead-letter and pending-return gauges every 5 s.
+///
+/// A gauge whose read fails keeps its value, except the age of the oldest pending
+/// return: it is computed on every pass from the oldest pending row as last read. While
+/// MySQL cannot be read that row cannot have been marked done (marking it needs MySQL),
+/// so its age goes on growing, as the page `SeckillStockReturnsStuck` needs: a return
+/// stuck before an outage would otherwise read a frozen age below the threshold for as
+/// long as the outage lasts.
 pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
+    let mut oldest_pending = None;
     loop {
         if let Ok(rows) = db.count_by_state().await {
             for s in Status::ALL {
@@ -206,11 +214,12 @@ pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
         }
         if let Ok((n, oldest)) = db.pending_return_stats().await {
             metrics.stock_returns_pending.set(n as i64);
-            let age = oldest.map_or(0.0, |t| {
-                (crate::model::now() - t).num_milliseconds().max(0) as f64 / 1000.0
-            });
-            metrics.stock_return_oldest_pending_seconds.set(age);
+            oldest_pending = oldest;
         }
+        let age = oldest_pending.map_or(0.0, |t| {
+            (crate::model::now() - t).num_milliseconds().max(0) as f64 / 1000.0
+        });
+        metrics.stock_return_oldest_pending_seconds.set(age);
         if !pause(Duration::from_secs(5), &shutdown).await {
             return;
         }

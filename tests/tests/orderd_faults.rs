@@ -209,3 +209,71 @@ async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_rede
     assert_eq!(count_all_orders(&db).await, 1);
     assert_eq!(orderd.metrics.dead_letters_total.get(), 1);
 }
+
+/// A stock return stuck because its Redis is down stays visible while MySQL is down
+/// too: the oldest-pending age (what `SeckillStockReturnsStuck` pages on) goes on
+/// growing from the last read, since the row cannot be marked done meanwhile. Before,
+/// the gauge kept the value of its last successful read for the whole outage. Then both
+/// come back and the return goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
+    use seckill_proto::pb::{self, ChangeOutcome};
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let mut db = TestDb::create_owned().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, 1, &[(5, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), |c| {
+        c.outbox.relay_interval_ms = 200;
+        c.mysql.acquire_timeout_ms = 500;
+    })
+    .await;
+    let r = reserve_direct(&redis, a, s, 1, "bob", "req").await;
+    assert_eq!(r.outcome, "RESERVED");
+    wait_orders(&db, 1, Duration::from_secs(30)).await;
+
+    // The shard's master stops answering (stopped, its data kept): bob's cancel is
+    // committed in MySQL, its return cannot reach Redis.
+    let master = cluster.master_of_key(&keys::fence(a, 0));
+    let stall = cluster.stall(master, 30_000);
+    let done = orderd
+        .order_client()
+        .await
+        .cancel(pb::CancelRequest {
+            order_id: r.rid.clone(),
+            user_id: "bob".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    let age = || orderd.metrics.stock_return_oldest_pending_seconds.get();
+    wait_until_async("one return pending", Duration::from_secs(15), || async {
+        orderd.metrics.stock_returns_pending.get() == 1 && age() > 0.0
+    })
+    .await;
+
+    // MySQL goes away too: the age read before the outage must go on growing (the
+    // gauges are refreshed every 5 s).
+    db.server().unwrap().stop();
+    let before = age();
+    wait_until_async(
+        "the oldest return's age grows while MySQL is down",
+        Duration::from_secs(20),
+        || async { age() >= before + 8.0 },
+    )
+    .await;
+    assert_eq!(orderd.metrics.stock_returns_pending.get(), 1);
+
+    db.server().unwrap().restart();
+    tokio::task::block_in_place(|| stall.join());
+    wait_until_async(
+        "the return went through",
+        Duration::from_secs(60),
+        || async { orderd.metrics.stock_returns_pending.get() == 0 && age() == 0.0 },
+    )
+    .await;
+    assert_eq!(mysql_stock(&db, s).await, 5);
+    orderd.stop().await.unwrap();
+}
