@@ -89,7 +89,7 @@ where
         return ExitCode::SUCCESS;
     }
     // Held to the end of this function: dropping it writes the lines still queued.
-    let _log = crate::telemetry::init(
+    let log = crate::telemetry::init(
         endpoints(&config).json_logs,
         endpoints(&config).log_level,
         true,
@@ -131,12 +131,14 @@ where
     });
     match served {
         Ok(()) => {
-            // The last line of a clean stop; `_log`'s drop writes it and any still queued.
+            // The last line of a clean stop; `log`'s drop writes it and any still queued.
             tracing::info!("{name} stopped");
             ExitCode::SUCCESS
         }
         Err(e) => {
             tracing::error!("{e:#}");
+            // The queued lines first, so the plain line below is the log's last.
+            drop(log);
             eprintln!("{name}: {e:#}");
             ExitCode::FAILURE
         }

@@ -283,3 +283,32 @@ async fn a_killed_stockd_process_restarts_and_the_sale_goes_on_without_oversell(
         .into_inner();
     assert_eq!((st.remaining, st.reserved), (0, 50));
 }
+
+/// A start that fails after the log is up (here `grpc.listen` is taken) exits non-zero,
+/// and its log ends with one plain line naming the daemon and the cause, after the same
+/// error as a log line (which the log writer thread wrote before it, not after).
+#[test]
+fn a_start_that_cannot_bind_exits_non_zero_and_its_last_line_says_why() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::new(workspace_bin("stockd"))
+        .arg("-c")
+        .arg(repo("deploy/local/stockd.toml"))
+        .env("STOCKD__GRPC__LISTEN", &addr)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    let lines: Vec<&str> = log.trim_end().lines().collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("stockd: bind grpc.listen {addr}")),
+        "the last line names the daemon and the cause: {last:?}\n{log}"
+    );
+    let logged = lines
+        .iter()
+        .position(|l| l.contains("ERROR") && l.contains("bind grpc.listen"))
+        .unwrap_or_else(|| panic!("the error as a log line:\n{log}"));
+    assert_eq!(logged, lines.len() - 2, "right before the last:\n{log}");
+}
