@@ -88,7 +88,8 @@ where
         println!("{}: ok", path.display());
         return ExitCode::SUCCESS;
     }
-    // Held to the end of this function: dropping it writes the lines still queued.
+    // Held until the runtime below is gone (the runtime's tasks may log until then):
+    // dropping it writes the lines still queued.
     let log = crate::telemetry::init(
         endpoints(&config).json_logs,
         endpoints(&config).log_level,
@@ -137,7 +138,9 @@ where
         }
         Err(e) => {
             tracing::error!("{e:#}");
-            // The queued lines first, so the plain line below is the log's last.
+            // The runtime's tasks stopped (what they log on the way is queued), then the
+            // queued lines written, so the plain line below is the log's last.
+            drop(rt);
             drop(log);
             eprintln!("{name}: {e:#}");
             ExitCode::FAILURE

@@ -167,8 +167,9 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
 
     // The log writer thread starts here, once the services run: in a `--daemon`
     // gateway's forked child (a thread started before the fork would not exist in it),
-    // and after the bootstrap, whose failure ends the process without unwinding
-    // (`main`).
+    // and after `server.bootstrap()` above, which ends the process with `exit(1)` when a
+    // `-u` takeover fails (a line queued by then would be lost). Lines logged before it
+    // starts (a few milliseconds of start-up) are written one by one, none lost.
     server.add_service(background_service("log writer", LogWriter));
     server.add_service(background_service(
         "redis feeds",
@@ -234,8 +235,8 @@ pub fn reloads_live(field: &str) -> bool {
 }
 
 /// Starts the log writer thread (`seckill_daemon::telemetry::start_writer`) once pingora
-/// runs its services, i.e. after the bootstrap and `--daemon`'s fork; a no-op when it
-/// runs already (a test process that started it for another daemon).
+/// runs its services, i.e. after the bootstrap and `--daemon`'s fork (a second start
+/// is a no-op).
 struct LogWriter;
 
 #[async_trait::async_trait]

@@ -189,10 +189,13 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
 ///
 /// A gauge whose read fails keeps its value, except the age of the oldest pending
 /// return: it is computed on every pass from the oldest pending row as last read. While
-/// MySQL cannot be read that row cannot have been marked done (marking it needs MySQL),
-/// so its age goes on growing, as the page `SeckillStockReturnsStuck` needs: a return
-/// stuck before an outage would otherwise read a frozen age below the threshold for as
-/// long as the outage lasts.
+/// MySQL cannot be read, no row can be marked done (marking one needs MySQL), so that
+/// age goes on growing, as the page `SeckillStockReturnsStuck` needs: a return stuck
+/// before an outage would otherwise read a frozen age below the threshold for as long
+/// as the outage lasts. The approximation: a row the relay marked done in the seconds
+/// between the last read and the outage still counts until the next read (it errs
+/// toward paging); a read that fails with MySQL up is corrected by the next one, 5 s
+/// later (the alert waits minutes).
 pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
     let mut oldest_pending = None;
     loop {

@@ -286,7 +286,9 @@ async fn a_killed_stockd_process_restarts_and_the_sale_goes_on_without_oversell(
 
 /// A start that fails after the log is up (here `grpc.listen` is taken) exits non-zero,
 /// and its log ends with one plain line naming the daemon and the cause, after the same
-/// error as a log line (which the log writer thread wrote before it, not after).
+/// error as a log line (which the log writer thread wrote before it, not after: the old
+/// exit path wrote the queued copy last whenever the writer lost its race with
+/// `eprintln`, every time in the runs that checked it).
 #[test]
 fn a_start_that_cannot_bind_exits_non_zero_and_its_last_line_says_why() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
