@@ -72,6 +72,24 @@ impl OrderdHandle {
         Ok(self.order_client().await.pay(request).await?.into_inner())
     }
 
+    /// `OrderService.Cancel` of `order_id` by `user`.
+    pub async fn cancel(
+        &self,
+        order_id: &str,
+        user: &str,
+    ) -> Result<seckill_proto::pb::OrderChange, tonic::Status> {
+        let request = seckill_proto::pb::CancelRequest {
+            order_id: order_id.into(),
+            user_id: user.into(),
+        };
+        Ok(self
+            .order_client()
+            .await
+            .cancel(request)
+            .await?
+            .into_inner())
+    }
+
     /// Graceful stop: fires shutdown and waits for `run` to return.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(t) = self.trigger.take() {

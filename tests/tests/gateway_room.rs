@@ -139,8 +139,7 @@ async fn a_buyer_who_stops_heartbeating_loses_the_place_after_the_hold() {
     let a = sale.id;
     let gw = stack.gateway(|c| room(c, "fifo", 5.0, 3)).await;
     gw.wait_activity(a).await;
-    gw.room_knobs_ok(a, json!({"paused": true})).await;
-    wait_status(&gw, a, "paused", json!(true)).await;
+    gw.room_pause(a, true).await;
 
     let now = seckill_lua::clock::now_ms() as u64;
     let (gone, stays) = (gw.jwt("gone", 3600, now), gw.jwt("stays", 3600, now));

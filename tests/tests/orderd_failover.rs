@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use seckill_lua::keys;
-use seckill_proto::pb::{self, ChangeOutcome};
+use seckill_proto::pb::ChangeOutcome;
 use seckill_tests::orderd::{
     mysql_stock, reserve_direct, seed_activity, spawn_orderd, wait_orders, OrderdHandle,
 };
@@ -107,16 +107,7 @@ async fn sold_to_bob(persistence: Persistence) -> Sold {
 
 /// bob cancels: the order's unit goes back through the relay.
 async fn cancel(orderd: &OrderdHandle, rid: &str) {
-    let done = orderd
-        .order_client()
-        .await
-        .cancel(pb::CancelRequest {
-            order_id: rid.into(),
-            user_id: "bob".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let done = orderd.cancel(rid, "bob").await.unwrap();
     assert_eq!(done.outcome(), ChangeOutcome::Applied);
 }
 

@@ -217,7 +217,7 @@ async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_rede
 /// come back and the return goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
-    use seckill_proto::pb::{self, ChangeOutcome};
+    use seckill_proto::pb::ChangeOutcome;
     init_tracing();
     let cluster = RedisCluster::start();
     let mut db = TestDb::create_owned().await;
@@ -237,16 +237,7 @@ async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
     // committed in MySQL, its return cannot reach Redis.
     let master = cluster.master_of_key(&keys::fence(a, 0));
     let stall = cluster.stall(master, 30_000);
-    let done = orderd
-        .order_client()
-        .await
-        .cancel(pb::CancelRequest {
-            order_id: r.rid.clone(),
-            user_id: "bob".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let done = orderd.cancel(&r.rid, "bob").await.unwrap();
     assert_eq!(done.outcome(), ChangeOutcome::Applied);
     let age = || orderd.metrics.stock_return_oldest_pending_seconds.get();
     wait_until_async("one return pending", Duration::from_secs(15), || async {
