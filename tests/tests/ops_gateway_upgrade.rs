@@ -168,10 +168,14 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
     .await;
     let first = host.main_pid().expect("ExecStart wrote the pid file");
     assert!(alive(first));
-    assert!(
-        has_log_writer(first),
-        "the daemonized gateway writes its lines from a log-writer thread"
-    );
+    // pingora starts each service on its own thread: the listeners may serve before the
+    // "log writer" service has started its thread, so wait for it (bounded).
+    wait_until_async(
+        "the daemonized gateway's log-writer thread",
+        Duration::from_secs(10),
+        || async { has_log_writer(first) },
+    )
+    .await;
 
     // Clients on fresh connections all through the reload.
     let stop = Arc::new(AtomicBool::new(false));
@@ -214,10 +218,12 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
     )
     .await;
     let upgraded = host.main_pid().unwrap();
-    assert!(
-        has_log_writer(upgraded),
-        "the upgraded (`-u -d`) gateway writes its lines from a log-writer thread"
-    );
+    wait_until_async(
+        "the upgraded (`-u -d`) gateway's log-writer thread",
+        Duration::from_secs(10),
+        || async { has_log_writer(upgraded) },
+    )
+    .await;
     let served_before = ok.load(Ordering::Relaxed);
     wait_until_async(
         "requests after the upgrade",
