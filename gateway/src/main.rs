@@ -45,12 +45,8 @@ fn main() {
         println!("{}: ok", flags.config.display());
         return;
     }
-    // The log writer's thread starts once pingora runs the services (`run`'s "log
-    // writer" service): after `--daemon`'s fork, which a thread started before it would
-    // not survive, and after pingora's bootstrap, which ends the process itself
-    // (`exit(1)`) when a `-u` takeover fails, right after logging why: until then each
-    // line is written by the thread that logs it, so that last line is never left in a
-    // queue. Held to the end: dropping it writes what is still queued.
+    // No writer thread yet: `run`'s "log writer" service starts it, after the fork and
+    // the bootstrap (why: there). Held to the end: dropping it writes what is queued.
     let log = seckill_daemon::telemetry::init(config.log.json, config.log.level.as_deref(), false);
     let opts = gateway::RunOpts {
         config_path: flags.config,

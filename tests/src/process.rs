@@ -41,21 +41,32 @@ impl ChildGuard {
 
     /// SIGTERM, then SIGKILL when it has not exited within `grace`.
     pub fn terminate(&mut self, grace: Duration) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(pid) = self.id() {
             let _ = Command::new("kill")
                 .arg("-TERM")
-                .arg(child.id().to_string())
+                .arg(pid.to_string())
                 .status();
-            let deadline = Instant::now() + grace;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if self.wait_exit(grace).is_none() {
+                tracing::warn!(name = %self.name, "did not stop on SIGTERM; killing");
+                self.kill();
             }
-            tracing::warn!(name = %self.name, "did not stop on SIGTERM; killing");
-            let _ = child.kill();
-            let _ = child.wait();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own: its status, or `None`
+    /// while it still runs (or was already reaped).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use seckill_tests::gateway::{base_config, set, Stack};
-use seckill_tests::process::{free_port, wait_until_async, workspace_bin};
+use seckill_tests::process::{free_port, wait_until_async, workspace_bin, ChildGuard};
 
 /// The unit's `Key=value` lines, in order.
 fn unit() -> Vec<(String, String)> {
@@ -262,9 +262,9 @@ async fn the_units_reload_is_a_graceful_upgrade_and_a_bad_file_stops_it_first() 
 fn a_failed_takeover_exits_non_zero_and_its_last_line_says_why() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/gateway.toml");
-    let stderr = dir.path().join("gateway.log");
-    let mut child = Command::new(workspace_bin("gateway"))
-        .arg("-u")
+    let log_path = dir.path().join("gateway.log");
+    let mut cmd = Command::new(workspace_bin("gateway"));
+    cmd.arg("-u")
         .arg("-c")
         .arg(&config)
         .env(
@@ -272,25 +272,12 @@ fn a_failed_takeover_exits_non_zero_and_its_last_line_says_why() {
             dir.path().join("nobody.sock"),
         )
         .env("GATEWAY__SERVER__PID_FILE", dir.path().join("gateway.pid"))
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&stderr).expect("log file"))
-        .spawn()
-        .expect("run gateway -u");
+        .env("RUST_LOG", "info");
+    let mut gateway = ChildGuard::spawn("gateway -u", cmd, &log_path).expect("run gateway -u");
     // pingora retries the hand-over for about five seconds; a gateway that got sockets
-    // from somewhere would serve forever instead.
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for gateway -u") {
-            break Some(status);
-        }
-        if std::time::Instant::now() > give_up {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    // from somewhere would serve forever instead (killed when the guard drops).
+    let status = gateway.wait_exit(Duration::from_secs(60));
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let status = status.unwrap_or_else(|| panic!("gateway -u did not exit within 60 s:\n{log}"));
     assert_eq!(status.code(), Some(1), "{log}");
     let last = log.lines().last().unwrap_or_default();

@@ -10,6 +10,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use futures::StreamExt;
 use seckill_lua::keys;
+use seckill_proto::pb::ChangeOutcome;
 use seckill_tests::orderd::{
     count_all_orders, mysql_stock, reserve_direct, seed_activity, spawn_orderd,
     spawn_orderd_process, wait_orders,
@@ -217,7 +218,6 @@ async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_rede
 /// come back and the return goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
-    use seckill_proto::pb::ChangeOutcome;
     init_tracing();
     let cluster = RedisCluster::start();
     let mut db = TestDb::create_owned().await;
