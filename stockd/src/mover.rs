@@ -11,10 +11,15 @@
 //!
 //! A [`Mover`] makes those callers take turns by rounds: a caller adds the units it
 //! misses to the pending demand and waits for its turn; the first in line runs one
-//! round for the whole demand gathered until then; the callers whose demand that round
-//! carried do not move again but take its outcome (reserve again, or sold out). Callers
-//! arriving while a round runs join the next one. So a crowd of empty-home buyers costs
-//! one move per round instead of one per buyer.
+//! round. The round **claims** the demand gathered until then as late as it can: after
+//! its read of the shards, just before its first take ([`Round::claim`]), so the callers
+//! that arrived during the read ride with it. When its takes brought home more than it
+//! claimed (a take asks for at least `stock.rebalance_batch`), it claims again after the
+//! give what still fits in those spare units ([`Round::claim_within`]). The callers whose
+//! demand a round claimed do not move again but take its outcome (reserve again, or sold
+//! out); the others run or join the next round. So a crowd of empty-home buyers costs
+//! one move per round instead of one per buyer, and a buyer who arrives while a round
+//! runs waits for that round alone when it can, not for it and the next.
 //!
 //! A caller that goes away while waiting leaves its demand behind: the next round may
 //! bring a few more units home than are asked for. They stay on sale there (the
@@ -38,13 +43,15 @@ pub enum Outcome {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Units asked for by the callers waiting for the next round.
+    /// Units asked for by the callers whose demand no round has claimed yet.
     demand: i64,
-    /// Rounds started and finished (a round runs under the turn lock, so at most one
-    /// is unfinished).
-    started: u64,
+    /// Claims made so far (a round makes one or two). A caller remembers the count when
+    /// it adds its demand: the next claim carries it.
+    claims: u64,
+    /// `claims` as it stood when the last round finished: every caller that joined
+    /// before that count was carried by a finished round.
     finished: u64,
-    /// The outcome of the last finished round.
+    /// The outcome of the last finished round that claimed.
     last: Option<Outcome>,
 }
 
@@ -59,16 +66,18 @@ pub struct Mover {
 pub enum Turn<'a> {
     /// A round that carried this caller's demand finished while it waited.
     Done(Outcome),
-    /// This caller runs the round: move `want` units (its own and the waiters' demand)
-    /// and report with [`Round::finish`].
-    Run { want: i64, round: Round<'a> },
+    /// This caller runs the next round: claim the demand with [`Round::claim`] and report
+    /// with [`Round::finish`].
+    Run(Round<'a>),
 }
 
-/// The round being run; finishing it (or dropping it: [`Outcome::Failed`]) lets the
-/// next caller in.
+/// The round being run; finishing it (or dropping it: [`Outcome::Failed`] for the
+/// callers it claimed, or for every caller waiting when it had not claimed yet) lets
+/// the next caller in.
 pub struct Round<'a> {
     mover: &'a Mover,
     _turn: MutexGuard<'a, ()>,
+    claimed: bool,
     outcome: Option<Outcome>,
 }
 
@@ -82,28 +91,44 @@ impl Mover {
         let joined = {
             let mut st = self.state();
             st.demand += missing.max(1);
-            // The next round to start carries this demand.
-            st.started
+            st.claims
         };
         let guard = self.turn.lock().await;
-        let mut st = self.state();
+        let st = self.state();
         if st.finished > joined {
             return Turn::Done(st.last.unwrap_or(Outcome::Failed));
         }
-        let want = std::mem::take(&mut st.demand).max(missing.max(1));
-        st.started += 1;
-        Turn::Run {
-            want,
-            round: Round {
-                mover: self,
-                _turn: guard,
-                outcome: None,
-            },
-        }
+        Turn::Run(Round {
+            mover: self,
+            _turn: guard,
+            claimed: false,
+            outcome: None,
+        })
     }
 }
 
 impl Round<'_> {
+    /// Claims every unit asked for until now (this round's caller's own among them):
+    /// the callers who asked take this round's outcome. The units to move (at least 1).
+    pub fn claim(&mut self) -> i64 {
+        let mut st = self.mover.state();
+        st.claims += 1;
+        self.claimed = true;
+        std::mem::take(&mut st.demand).max(1)
+    }
+
+    /// After units moved home, `spare` of them beyond what [`Self::claim`] asked for:
+    /// claims the demand that arrived since when it fits in them (all of it or none).
+    /// The units claimed (0 when none).
+    pub fn claim_within(&mut self, spare: i64) -> i64 {
+        let mut st = self.mover.state();
+        if !self.claimed || st.demand == 0 || st.demand > spare {
+            return 0;
+        }
+        st.claims += 1;
+        std::mem::take(&mut st.demand)
+    }
+
     /// Records what the round found, for the callers it carried.
     pub fn finish(mut self, outcome: Outcome) {
         self.outcome = Some(outcome);
@@ -113,7 +138,14 @@ impl Round<'_> {
 impl Drop for Round<'_> {
     fn drop(&mut self) {
         let mut st = self.mover.state();
-        st.finished += 1;
+        if !self.claimed {
+            // Gone before its claim (an error in its read of the shards, or its caller
+            // went away): the callers waiting take that failure at once rather than each
+            // meeting it in a round of its own, one after another.
+            st.claims += 1;
+            st.demand = 0;
+        }
+        st.finished = st.claims;
         st.last = Some(self.outcome.unwrap_or(Outcome::Failed));
     }
 }
@@ -125,18 +157,22 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    fn run(turn: Turn<'_>) -> Round<'_> {
+        match turn {
+            Turn::Run(round) => round,
+            Turn::Done(o) => panic!("carried ({o:?}) instead of running a round"),
+        }
+    }
+
     #[tokio::test]
     async fn a_lone_caller_runs_a_round_for_its_own_demand() {
         let m = Mover::default();
-        match m.turn(3).await {
-            Turn::Run { want, round } => {
-                assert_eq!(want, 3);
-                round.finish(Outcome::Retry);
-            }
-            Turn::Done(_) => panic!("nobody ran a round for it"),
-        }
+        let mut round = run(m.turn(3).await);
+        assert_eq!(round.claim(), 3);
+        round.finish(Outcome::Retry);
         // The next caller is not carried by a round that finished before it came.
-        assert!(matches!(m.turn(1).await, Turn::Run { want: 1, .. }));
+        let mut round = run(m.turn(1).await);
+        assert_eq!(round.claim(), 1);
     }
 
     #[tokio::test]
@@ -144,18 +180,17 @@ mod tests {
         let m = Arc::new(Mover::default());
         let rounds = Arc::new(AtomicU32::new(0));
         let moved = Arc::new(AtomicU32::new(0));
-        // The first caller holds its round while twenty more arrive.
-        let Turn::Run { round: first, .. } = m.turn(1).await else {
-            panic!("the first caller runs")
-        };
+        // The first caller claims and holds its round while twenty more arrive.
+        let mut first = run(m.turn(1).await);
+        assert_eq!(first.claim(), 1);
         let mut callers = Vec::new();
         for _ in 0..20 {
             let (m, rounds, moved) = (m.clone(), rounds.clone(), moved.clone());
             callers.push(tokio::spawn(async move {
                 match m.turn(1).await {
-                    Turn::Run { want, round } => {
+                    Turn::Run(mut round) => {
                         rounds.fetch_add(1, Ordering::SeqCst);
-                        moved.fetch_add(want as u32, Ordering::SeqCst);
+                        moved.fetch_add(round.claim() as u32, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         round.finish(Outcome::Retry);
                         Outcome::Retry
@@ -182,42 +217,126 @@ mod tests {
             tokio::time::sleep(after).await;
             match m.turn(1).await {
                 Turn::Done(o) => o,
-                Turn::Run { .. } => panic!("a round waiting to run carries this caller"),
+                Turn::Run(_) => panic!("a round that claimed its demand carries this caller"),
             }
         })
+    }
+
+    /// A caller that comes `after` and must run a round of its own: the units it claims.
+    fn runs_after(m: &Arc<Mover>, after: Duration) -> tokio::task::JoinHandle<i64> {
+        let m = m.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let mut round = run(m.turn(1).await);
+            let want = round.claim();
+            round.finish(Outcome::Retry);
+            want
+        })
+    }
+
+    #[tokio::test]
+    async fn a_round_carries_the_callers_that_came_before_its_claim_not_after() {
+        let m = Arc::new(Mover::default());
+        let mut round = run(m.turn(1).await);
+        // Two callers come while the round reads the shards (before it claims).
+        let early = [
+            carried_after(&m, Duration::from_millis(5)),
+            carried_after(&m, Duration::from_millis(10)),
+        ];
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(round.claim(), 3, "the round moves for all three");
+        // One comes after the claim: it is not carried, and runs the next round.
+        let late = runs_after(&m, Duration::from_millis(5));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        round.finish(Outcome::Retry);
+        for c in early {
+            assert_eq!(c.await.unwrap(), Outcome::Retry);
+        }
+        assert_eq!(late.await.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn spare_units_carry_the_late_callers_only_when_all_of_them_fit() {
+        let m = Arc::new(Mover::default());
+        let mut round = run(m.turn(1).await);
+        assert_eq!(round.claim_within(10), 0, "nothing to add before the claim");
+        assert_eq!(round.claim(), 1);
+        let late = [
+            carried_after(&m, Duration::from_millis(5)),
+            carried_after(&m, Duration::from_millis(10)),
+        ];
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The take brought 3 units home for a demand of 1: 2 spare, the two late fit.
+        assert_eq!(round.claim_within(2), 2);
+        assert_eq!(round.claim_within(2), 0, "claimed once");
+        round.finish(Outcome::Retry);
+        for c in late {
+            assert_eq!(c.await.unwrap(), Outcome::Retry);
+        }
+
+        // Three late callers for 2 spare units: none is carried, all join the next round.
+        let mut round = run(m.turn(1).await);
+        assert_eq!(round.claim(), 1);
+        let late: Vec<_> = (0..3)
+            .map(|i| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(5 + i)).await;
+                    match m.turn(1).await {
+                        Turn::Run(mut round) => {
+                            let want = round.claim();
+                            round.finish(Outcome::SoldOut);
+                            Some(want)
+                        }
+                        Turn::Done(o) => {
+                            assert_eq!(o, Outcome::SoldOut, "carried by the next round");
+                            None
+                        }
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(round.claim_within(2), 0);
+        round.finish(Outcome::Retry);
+        let mut runs = Vec::new();
+        for c in late {
+            runs.extend(c.await.unwrap());
+        }
+        assert_eq!(
+            runs,
+            vec![3],
+            "one of them ran the next round, for all three"
+        );
     }
 
     #[tokio::test]
     async fn the_carried_callers_read_the_round_outcome_and_a_dropped_round_is_failed() {
         let m = Arc::new(Mover::default());
-        let Turn::Run { round, .. } = m.turn(1).await else {
-            panic!("the first caller runs")
-        };
+        let mut round = run(m.turn(1).await);
+        round.claim();
         let waiter = {
             let m = m.clone();
             tokio::spawn(async move {
-                let Turn::Run { round, .. } = m.turn(1).await else {
-                    panic!("the second caller runs the next round")
-                };
+                let mut round = run(m.turn(1).await);
+                round.claim();
                 round.finish(Outcome::SoldOut);
             })
         };
         let carried = carried_after(&m, Duration::from_millis(10));
         tokio::time::sleep(Duration::from_millis(30)).await;
-        drop(round); // the first round's caller went away
+        drop(round); // the first round's caller went away after its claim
         waiter.await.unwrap();
         assert_eq!(carried.await.unwrap(), Outcome::SoldOut);
         assert_eq!(m.state().last, Some(Outcome::SoldOut));
-        // A round dropped unfinished reads as failed to whoever it carried.
-        let Turn::Run { round, .. } = m.turn(1).await else {
-            panic!("runs")
-        };
+        // A round dropped after its claim reads as failed to whoever it carried.
+        let mut round = run(m.turn(1).await);
+        round.claim();
         let runner = {
             let m = m.clone();
             tokio::spawn(async move {
-                let Turn::Run { round, .. } = m.turn(1).await else {
-                    panic!("runs the next round")
-                };
+                let mut round = run(m.turn(1).await);
+                round.claim();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(round);
             })
@@ -227,5 +346,19 @@ mod tests {
         round.finish(Outcome::Retry);
         runner.await.unwrap();
         assert_eq!(carried.await.unwrap(), Outcome::Failed);
+    }
+
+    #[tokio::test]
+    async fn a_round_dropped_before_its_claim_fails_the_callers_waiting() {
+        let m = Arc::new(Mover::default());
+        let round = run(m.turn(1).await);
+        // Waits behind the round, which goes away (an error in its read) unclaimed.
+        let waiting = carried_after(&m, Duration::from_millis(5));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        drop(round);
+        assert_eq!(waiting.await.unwrap(), Outcome::Failed);
+        // Their demand went with it: the next round is for its own caller alone.
+        let mut round = run(m.turn(1).await);
+        assert_eq!(round.claim(), 1);
     }
 }

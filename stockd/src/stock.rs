@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::future::Either;
 use tokio::sync::oneshot;
 
 use seckill_lua::calls::{GiveCall, Given, ReleaseCall, Released, TakeCall, Taken};
@@ -33,7 +34,7 @@ use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
-use crate::mover::{Outcome, Turn};
+use crate::mover::{Outcome, Round, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
@@ -320,27 +321,39 @@ impl App {
                 Empty::SoldOut
             });
         }
-        if have <= 0
-            && self
-                .redis_of(entry)?
-                .exists(keys::sold_out(activity, item))
-                .await?
-        {
-            return Ok(Empty::SoldOut);
-        }
         let missing = (i64::from(units) - have.max(0)).max(1);
         // One move at a time per item and home, sized for every caller waiting for it
-        // (`crate::mover`): the callers a round carried take its outcome.
+        // (`crate::mover`): the callers a round carried take its outcome. The sold-out
+        // flag is read while this caller waits for its turn, not before: a caller queued
+        // behind a round hears a set flag at once (leaving its demand behind, see
+        // `crate::mover`), and the caller whose turn comes first runs the round without
+        // waiting for the flag (the round reads it again with the shards).
         let mover = entry.mover(item, home);
-        let (want, round) = match mover.turn(missing).await {
+        let redis = self.redis_of(entry)?;
+        let flag = std::pin::pin!(async {
+            if have > 0 {
+                return Ok(false);
+            }
+            redis.exists(keys::sold_out(activity, item)).await
+        });
+        let turn = std::pin::pin!(mover.turn(missing));
+        let turn = match futures::future::select(turn, flag).await {
+            Either::Left((turn, _)) => turn,
+            Either::Right((Ok(true), _)) => return Ok(Empty::SoldOut),
+            Either::Right((Ok(false), turn)) => turn.await,
+            Either::Right((Err(e), _)) => return Err(e),
+        };
+        let mut round = match turn {
             Turn::Done(Outcome::SoldOut) => return Ok(Empty::SoldOut),
             Turn::Done(Outcome::Retry) => return Ok(Empty::Retry { moved: true }),
             Turn::Done(Outcome::Failed) => return Ok(Empty::Retry { moved: false }),
-            Turn::Run { want, round } => (want, round),
+            Turn::Run(round) => round,
         };
         self.metrics.rebalance_rounds.inc();
-        // An error drops the round unfinished: the callers it carried read it as failed.
-        let empty = self.move_round(entry, item, home, units, want).await?;
+        // An error drops the round unfinished: the callers waiting on it read it as failed.
+        let empty = self
+            .move_round(entry, item, home, units, &mut round)
+            .await?;
         round.finish(match empty {
             Empty::SoldOut => Outcome::SoldOut,
             Empty::Retry { .. } | Empty::NotEnough(_) => Outcome::Retry,
@@ -348,8 +361,8 @@ impl App {
         Ok(empty)
     }
 
-    /// One round of [`Self::home_empty`]: moves `want` units home, or, when fewer
-    /// moved, looks at every shard again and answers retry, not enough (for `units`)
+    /// One round of [`Self::home_empty`]: moves the units `round` claims home, or, when
+    /// fewer moved, looks at every shard again and answers retry, not enough (for `units`)
     /// or sold out (and marks it).
     async fn move_round(
         self: &Arc<Self>,
@@ -357,11 +370,12 @@ impl App {
         item: u64,
         home: u32,
         units: u32,
-        want: i64,
+        round: &mut Round<'_>,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
-        match self.rebalance(entry, item, home, want).await? {
+        match self.rebalance(entry, item, home, round).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
+            Moved::Flagged => Ok(Empty::SoldOut),
             Moved::Nothing | Moved::Some => {
                 // Units may be in transit between a take and a give of another call:
                 // look again before declaring it sold out (or short).
@@ -383,8 +397,10 @@ impl App {
         }
     }
 
-    /// Moves units from donor shards to `home` until `missing` have moved: up to
-    /// `max(rebalance_batch, still missing)` from each donor in turn.
+    /// Moves units from donor shards to `home` until the units `round` claims (after its
+    /// read of the shards) have moved: up to `max(rebalance_batch, still missing)` from
+    /// each donor in turn. Units moved beyond the claim carry the callers that came
+    /// since, when they fit ([`Round::claim_within`]).
     ///
     /// The donors are read first (one `GET` per shard, all at once, no replica `WAIT`)
     /// and only those that held units are asked, the richest first (ties in the
@@ -394,12 +410,16 @@ impl App {
     /// (1,218 takes for 269 units moved in one demo crowd, 28 after), holding back every
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
+    ///
+    /// The sold-out flag is read with the shards: set, with every shard empty in the
+    /// read, the round answers sold out without the second look a sold-out needs
+    /// otherwise.
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
-        missing: i64,
+        round: &mut Round<'_>,
     ) -> Result<Moved> {
         let a = entry.id();
         let shards = entry.shards();
@@ -407,9 +427,10 @@ impl App {
         // The home shard's fence, read before any take: a give adds units only to a
         // shard still under it (a rebuild in between counted them again from MySQL).
         let redis = self.redis_of(entry)?;
-        let (held, home_fence) = futures::future::try_join(
+        let (held, home_fence, flagged) = futures::future::try_join3(
             Box::pin(self.shard_stock(a, item, shards)),
             redis.mget(vec![keys::fence(a, home)]),
+            redis.exists(keys::sold_out(a, item)),
         )
         .await?;
         let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
@@ -420,6 +441,12 @@ impl App {
         };
         let home_epoch: Arc<str> = home_epoch.into();
         let donors = donor_order(&held, home, start);
+        // The demand is claimed now, after the read: the callers that came during it ride
+        // with this round instead of waiting for the next.
+        let missing = round.claim();
+        if flagged && held.iter().all(|&n| n <= 0) {
+            return Ok(Moved::Flagged);
+        }
         let mut moved = 0i64;
         for donor in donors {
             let want = u32::try_from(missing - moved)
@@ -449,6 +476,7 @@ impl App {
                 Step::Moved(n) => {
                     moved += n;
                     if moved >= missing {
+                        round.claim_within(moved - missing);
                         return Ok(Moved::Units);
                     }
                 }
@@ -748,6 +776,8 @@ impl App {
 enum Moved {
     /// Every missing unit moved home.
     Units,
+    /// The item is marked sold out and every shard was empty.
+    Flagged,
     /// Some moved, fewer than missing.
     Some,
     Nothing,
