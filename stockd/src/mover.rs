@@ -49,7 +49,8 @@ struct State {
     /// it adds its demand: the next claim carries it.
     claims: u64,
     /// `claims` as it stood when the last round finished: every caller that joined
-    /// before that count was carried by a finished round.
+    /// before that count has its answer (carried by a finished round, or failed with a
+    /// round dropped before its claim).
     finished: u64,
     /// The outcome of the last finished round that claimed.
     last: Option<Outcome>,
@@ -164,7 +165,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_lone_caller_runs_a_round_for_its_own_demand() {
         let m = Mover::default();
         let mut round = run(m.turn(3).await);
@@ -175,7 +176,7 @@ mod tests {
         assert_eq!(round.claim(), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn callers_waiting_behind_a_round_are_carried_by_one_round() {
         let m = Arc::new(Mover::default());
         let rounds = Arc::new(AtomicU32::new(0));
@@ -234,7 +235,7 @@ mod tests {
         })
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_round_carries_the_callers_that_came_before_its_claim_not_after() {
         let m = Arc::new(Mover::default());
         let mut round = run(m.turn(1).await);
@@ -255,7 +256,7 @@ mod tests {
         assert_eq!(late.await.unwrap(), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn spare_units_carry_the_late_callers_only_when_all_of_them_fit() {
         let m = Arc::new(Mover::default());
         let mut round = run(m.turn(1).await);
@@ -310,7 +311,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_carried_callers_read_the_round_outcome_and_a_dropped_round_is_failed() {
         let m = Arc::new(Mover::default());
         let mut round = run(m.turn(1).await);
@@ -348,7 +349,7 @@ mod tests {
         assert_eq!(carried.await.unwrap(), Outcome::Failed);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_round_dropped_before_its_claim_fails_the_callers_waiting() {
         let m = Arc::new(Mover::default());
         let round = run(m.turn(1).await);

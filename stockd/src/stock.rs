@@ -185,6 +185,8 @@ impl App {
         let home = home_shard(user.as_str(), shards);
         let attempts = self.config.stock.rebalance_attempts;
         let mut moved = false;
+        // The last rebalancing round this call waited on failed (`crate::mover`).
+        let mut failed = false;
         for attempt in 0..=attempts {
             match self
                 .reserve_script(&entry, item, home, user, request, quantity)
@@ -254,6 +256,7 @@ impl App {
                     match Box::pin(self.home_empty(&entry, item, home, quantity, 0)).await? {
                         Empty::Retry { moved: m } => {
                             moved |= m;
+                            failed = !m;
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
@@ -266,6 +269,7 @@ impl App {
                     match Box::pin(self.home_empty(&entry, item, home, quantity, have)).await? {
                         Empty::Retry { moved: m } => {
                             moved |= m;
+                            failed = !m;
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
@@ -293,6 +297,13 @@ impl App {
                     "could not gather {quantity} units on one shard under contention; retry"
                 ))),
             };
+        }
+        if failed {
+            // The round this call waited on last failed (a Redis error, or its runner went
+            // away): nothing says the item is sold out, so the caller retries.
+            return Err(Error::Unavailable(format!(
+                "rebalancing for item {item} failed; retry with the same request id"
+            )));
         }
         // Out of attempts while donors still had units: a false sold-out.
         item_entry.false_sold_out.fetch_add(1, Ordering::Relaxed);
@@ -352,7 +363,7 @@ impl App {
         self.metrics.rebalance_rounds.inc();
         // An error drops the round unfinished: the callers waiting on it read it as failed.
         let empty = self
-            .move_round(entry, item, home, units, &mut round)
+            .move_round(entry, item, home, (units, have <= 0), &mut round)
             .await?;
         round.finish(match empty {
             Empty::SoldOut => Outcome::SoldOut,
@@ -363,17 +374,21 @@ impl App {
 
     /// One round of [`Self::home_empty`]: moves the units `round` claims home, or, when
     /// fewer moved, looks at every shard again and answers retry, not enough (for `units`)
-    /// or sold out (and marks it).
+    /// or sold out (and marks it). `home_was_empty`: the caller's home shard answered
+    /// SOLD_OUT (not SHORT), so a set sold-out flag may answer for it.
     async fn move_round(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
-        units: u32,
+        (units, home_was_empty): (u32, bool),
         round: &mut Round<'_>,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
-        match self.rebalance(entry, item, home, round).await? {
+        match self
+            .rebalance(entry, item, home, home_was_empty, round)
+            .await?
+        {
             Moved::Units => Ok(Empty::Retry { moved: true }),
             Moved::Flagged => Ok(Empty::SoldOut),
             Moved::Nothing | Moved::Some => {
@@ -411,14 +426,16 @@ impl App {
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
     ///
-    /// The sold-out flag is read with the shards: set, with every shard empty in the
-    /// read, the round answers sold out without the second look a sold-out needs
-    /// otherwise.
+    /// With `read_flag` (the caller's home was empty, the case where a set sold-out flag
+    /// answered at once before rounds read it), the flag is read with the shards: set,
+    /// with every shard empty in the read, the round answers sold out without the second
+    /// look a sold-out needs otherwise.
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
+        read_flag: bool,
         round: &mut Round<'_>,
     ) -> Result<Moved> {
         let a = entry.id();
@@ -427,10 +444,16 @@ impl App {
         // The home shard's fence, read before any take: a give adds units only to a
         // shard still under it (a rebuild in between counted them again from MySQL).
         let redis = self.redis_of(entry)?;
+        let flag = async {
+            if !read_flag {
+                return Ok(false);
+            }
+            redis.exists(keys::sold_out(a, item)).await
+        };
         let (held, home_fence, flagged) = futures::future::try_join3(
             Box::pin(self.shard_stock(a, item, shards)),
             redis.mget(vec![keys::fence(a, home)]),
-            redis.exists(keys::sold_out(a, item)),
+            flag,
         )
         .await?;
         let Some(home_epoch) = home_fence.into_iter().next().flatten() else {

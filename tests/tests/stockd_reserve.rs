@@ -223,6 +223,45 @@ async fn a_move_asks_only_the_donor_that_holds_units() {
 }
 
 #[tokio::test]
+async fn a_sold_out_flag_left_over_units_does_not_hide_them_from_a_buyer_whose_home_is_empty() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(80, 500)], 8, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    // The flag says sold out, but shard 5 still holds 2 units (a flag set from a scan that
+    // missed units in transit, before the move that carried them cleared it).
+    set_shard_stock(&redis, a, s, &[0, 0, 0, 0, 0, 2, 0, 0]).await;
+    let _: () = redis
+        .set(keys::sold_out(a, s), "1", None, None, false)
+        .await
+        .unwrap();
+    let mut c = h.stock_client().await;
+    // A buyer whose turn comes at once reads the flag with the shards, and sees the units.
+    let user = user_on_shard("stale-flag", 0, 8);
+    let r = reserve(&mut c, a, s, &user, "stale-flag-r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    // The unit left is on sale again: the flag is cleared.
+    let flag: Option<String> = redis.get(keys::sold_out(a, s)).await.unwrap();
+    assert_eq!(flag, None);
+    assert_eq!(shard_stock(&redis, a, s, 8).await.iter().sum::<i64>(), 1);
+    // Sold out for real (flag set, every shard empty): the next buyer of an empty home
+    // hears it from the round's one read, without a take.
+    set_shard_stock(&redis, a, s, &[0; 8]).await;
+    let _: () = redis
+        .set(keys::sold_out(a, s), "1", None, None, false)
+        .await
+        .unwrap();
+    let before = takes(&h);
+    let user = user_on_shard("after-the-sale", 3, 8);
+    let r = reserve(&mut c, a, s, &user, "after-r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    assert_eq!(takes(&h) - before, 0);
+}
+
+#[tokio::test]
 async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_once() {
     init_tracing();
     let cluster = RedisCluster::start();
