@@ -338,7 +338,9 @@ impl App {
         // flag is read while this caller waits for its turn, not before: a caller queued
         // behind a round hears a set flag at once (leaving its demand behind, see
         // `crate::mover`), and the caller whose turn comes first runs the round without
-        // waiting for the flag (the round reads it again with the shards).
+        // it: the round's scan and second look decide sold out from the shards
+        // themselves, so a flag set from a scan that missed units in transit does not
+        // hide them from it.
         let mover = entry.mover(item, home);
         let redis = self.redis_of(entry)?;
         let flag = std::pin::pin!(async {
@@ -363,7 +365,7 @@ impl App {
         self.metrics.rebalance_rounds.inc();
         // An error drops the round unfinished: the callers waiting on it read it as failed.
         let empty = self
-            .move_round(entry, item, home, (units, have <= 0), &mut round)
+            .move_round(entry, item, home, units, &mut round)
             .await?;
         round.finish(match empty {
             Empty::SoldOut => Outcome::SoldOut,
@@ -374,23 +376,18 @@ impl App {
 
     /// One round of [`Self::home_empty`]: moves the units `round` claims home, or, when
     /// fewer moved, looks at every shard again and answers retry, not enough (for `units`)
-    /// or sold out (and marks it). `home_was_empty`: the caller's home shard answered
-    /// SOLD_OUT (not SHORT), so a set sold-out flag may answer for it.
+    /// or sold out (and marks it).
     async fn move_round(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
-        (units, home_was_empty): (u32, bool),
+        units: u32,
         round: &mut Round<'_>,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
-        match self
-            .rebalance(entry, item, home, home_was_empty, round)
-            .await?
-        {
+        match self.rebalance(entry, item, home, round).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
-            Moved::Flagged => Ok(Empty::SoldOut),
             Moved::Nothing | Moved::Some => {
                 // Units may be in transit between a take and a give of another call:
                 // look again before declaring it sold out (or short).
@@ -425,17 +422,11 @@ impl App {
     /// (1,218 takes for 269 units moved in one demo crowd, 28 after), holding back every
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
-    ///
-    /// With `read_flag` (the caller's home was empty, the case where a set sold-out flag
-    /// answered at once before rounds read it), the flag is read with the shards: set,
-    /// with every shard empty in the read, the round answers sold out without the second
-    /// look a sold-out needs otherwise.
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
-        read_flag: bool,
         round: &mut Round<'_>,
     ) -> Result<Moved> {
         let a = entry.id();
@@ -444,16 +435,9 @@ impl App {
         // The home shard's fence, read before any take: a give adds units only to a
         // shard still under it (a rebuild in between counted them again from MySQL).
         let redis = self.redis_of(entry)?;
-        let flag = async {
-            if !read_flag {
-                return Ok(false);
-            }
-            redis.exists(keys::sold_out(a, item)).await
-        };
-        let (held, home_fence, flagged) = futures::future::try_join3(
+        let (held, home_fence) = futures::future::try_join(
             Box::pin(self.shard_stock(a, item, shards)),
             redis.mget(vec![keys::fence(a, home)]),
-            flag,
         )
         .await?;
         let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
@@ -467,9 +451,6 @@ impl App {
         // The demand is claimed now, after the read: the callers that came during it ride
         // with this round instead of waiting for the next.
         let missing = round.claim();
-        if flagged && held.iter().all(|&n| n <= 0) {
-            return Ok(Moved::Flagged);
-        }
         let mut moved = 0i64;
         for donor in donors {
             let want = u32::try_from(missing - moved)
@@ -799,8 +780,6 @@ impl App {
 enum Moved {
     /// Every missing unit moved home.
     Units,
-    /// The item is marked sold out and every shard was empty.
-    Flagged,
     /// Some moved, fewer than missing.
     Some,
     Nothing,

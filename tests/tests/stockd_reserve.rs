@@ -239,7 +239,7 @@ async fn a_sold_out_flag_left_over_units_does_not_hide_them_from_a_buyer_whose_h
         .await
         .unwrap();
     let mut c = h.stock_client().await;
-    // A buyer whose turn comes at once reads the flag with the shards, and sees the units.
+    // A buyer whose turn comes at once runs the round without the flag, and finds them.
     let user = user_on_shard("stale-flag", 0, 8);
     let r = reserve(&mut c, a, s, &user, "stale-flag-r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
@@ -247,8 +247,8 @@ async fn a_sold_out_flag_left_over_units_does_not_hide_them_from_a_buyer_whose_h
     let flag: Option<String> = redis.get(keys::sold_out(a, s)).await.unwrap();
     assert_eq!(flag, None);
     assert_eq!(shard_stock(&redis, a, s, 8).await.iter().sum::<i64>(), 1);
-    // Sold out for real (flag set, every shard empty): the next buyer of an empty home
-    // hears it from the round's one read, without a take.
+    // Sold out for real (flag set, every shard empty): the next buyer of an empty home is
+    // told so without a take.
     set_shard_stock(&redis, a, s, &[0; 8]).await;
     let _: () = redis
         .set(keys::sold_out(a, s), "1", None, None, false)
