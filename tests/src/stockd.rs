@@ -500,6 +500,22 @@ pub async fn set_shard_stock(
     }
 }
 
+/// Sets an item's sold-out flag (`sk:{a}:soldout:<s>`) as a sell-out would, without its
+/// message.
+pub async fn set_sold_out_flag(redis: &fred::clients::Client, activity: u64, item: u64) {
+    use fred::interfaces::KeysInterface;
+    let _: () = redis
+        .set(
+            seckill_lua::keys::sold_out(activity, item),
+            "1",
+            None,
+            None,
+            false,
+        )
+        .await
+        .expect("SET sold-out flag");
+}
+
 /// Entries in an activity's shard streams (reservations not yet taken by orderd), all
 /// `shards` together, read straight from Redis.
 pub async fn stream_len(redis: &fred::clients::Client, activity: u64, shards: u32) -> i64 {

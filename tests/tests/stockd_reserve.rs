@@ -18,8 +18,8 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, set_shard_stock, shard_stock, spawn_stockd, stream_len, StockClient,
-    StockdHandle,
+    create_published_activity, set_shard_stock, set_sold_out_flag, shard_stock, spawn_stockd,
+    stream_len, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
@@ -234,10 +234,7 @@ async fn a_sold_out_flag_left_over_units_does_not_hide_them_from_a_buyer_whose_h
     // The flag says sold out, but shard 5 still holds 2 units (a flag set from a scan that
     // missed units in transit, before the move that carried them cleared it).
     set_shard_stock(&redis, a, s, &[0, 0, 0, 0, 0, 2, 0, 0]).await;
-    let _: () = redis
-        .set(keys::sold_out(a, s), "1", None, None, false)
-        .await
-        .unwrap();
+    set_sold_out_flag(&redis, a, s).await;
     let mut c = h.stock_client().await;
     // A buyer whose turn comes at once runs the round without the flag, and finds them.
     let user = user_on_shard("stale-flag", 0, 8);
@@ -250,10 +247,7 @@ async fn a_sold_out_flag_left_over_units_does_not_hide_them_from_a_buyer_whose_h
     // Sold out for real (flag set, every shard empty): the next buyer of an empty home is
     // told so without a take.
     set_shard_stock(&redis, a, s, &[0; 8]).await;
-    let _: () = redis
-        .set(keys::sold_out(a, s), "1", None, None, false)
-        .await
-        .unwrap();
+    set_sold_out_flag(&redis, a, s).await;
     let before = takes(&h);
     let user = user_on_shard("after-the-sale", 3, 8);
     let r = reserve(&mut c, a, s, &user, "after-r").await.unwrap();
