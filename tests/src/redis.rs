@@ -366,8 +366,19 @@ impl RedisCluster {
     /// replica's replica; one whose slots did not move serves them again (empty without
     /// persistence).
     pub fn restart(&mut self, port: u16) {
-        self.kill(port);
-        self.start_node(self.index(port));
+        self.restart_all(&[port]);
+    }
+
+    /// Starts the nodes at `ports` again (see [`RedisCluster::restart`]), all of them
+    /// before waiting once for the cluster to settle. Bringing back a whole cluster one
+    /// node at a time cannot settle: the first master back is alone, a minority, and
+    /// its state stays `fail` until the others come; and two back before the third
+    /// flag it `FAIL` (a majority of masters), which fails its slots too.
+    pub fn restart_all(&mut self, ports: &[u16]) {
+        for &port in ports {
+            self.kill(port);
+            self.start_node(self.index(port));
+        }
         self.wait_settled(Duration::from_secs(30));
     }
 

@@ -254,9 +254,8 @@ async fn a_cluster_down_at_start_is_served_once_it_comes_up() {
         .expect("the default cluster is up");
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
 
-    for port in b.ports() {
-        b.restart(port);
-    }
+    let ports = b.ports();
+    tokio::task::block_in_place(|| b.restart_all(&ports));
     let mut req = sale_request(&[(5, 100)], SHARDS, Duration::ZERO, HOUR, 1);
     req.redis_cluster = "hot".into();
     let created = admin
