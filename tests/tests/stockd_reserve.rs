@@ -314,6 +314,95 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
 }
 
+/// A buyer whose home is empty and whose last rebalancing round failed (the round's
+/// read of a donor timed out) is told UNAVAILABLE, to retry, not sold out: nothing said
+/// the item was sold out, and the donor still holds units. With one attempt a buyer
+/// queued behind the failed round reads its home once more, finds it empty, and has no
+/// attempt left: the case where a false sold-out used to be answered.
+///
+/// The donor shards' master is paused for every command (`CLIENT PAUSE … ALL`: the
+/// cluster bus goes on, so no failover), longer than stockd's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buyers_behind_a_failed_round_are_told_to_retry_not_sold_out() {
+    init_tracing();
+    const SHARDS: u32 = 8;
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.timeout_ms = 600;
+        c.redis.replica_ack_timeout_ms = 100;
+        c.stock.rebalance_attempts = 1;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(80, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    // The donor: a master that does not hold the sold-out flag (a waiter reads the flag
+    // while it waits; it must answer) but holds some shards; the home: a shard elsewhere.
+    let flag_master = cluster.master_of_key(&keys::sold_out(a, s));
+    let master_of = |i: u32| cluster.master_of_key(&keys::fence(a, i));
+    let donor = (0..SHARDS)
+        .map(master_of)
+        .find(|&m| m != flag_master)
+        .expect("the shards span more than one master");
+    let home = (0..SHARDS)
+        .find(|&i| master_of(i) != donor)
+        .expect("a shard off the donor");
+    let units: Vec<i64> = (0..SHARDS)
+        .map(|i| if master_of(i) == donor { 3 } else { 0 })
+        .collect();
+    let total: i64 = units.iter().sum();
+    set_shard_stock(&redis, a, s, &units).await;
+    let buyers: Vec<String> = (0..20)
+        .map(|i| user_on_shard(&format!("behind{i}"), home, SHARDS))
+        .collect();
+    let c = h.stock_client().await;
+
+    cluster.cli_at(donor, &["CLIENT", "PAUSE", "2500", "ALL"]);
+    let paused_at = Instant::now();
+    let calls = buyers.iter().map(|user| {
+        let (mut c, user) = (c.clone(), user.clone());
+        tokio::spawn(async move { reserve(&mut c, a, s, &user, "r").await })
+    });
+    let answers = futures::future::join_all(calls).await;
+    assert!(
+        paused_at.elapsed() < Duration::from_millis(2500),
+        "every buyer answered during the pause"
+    );
+    let mut told_round_failed = 0;
+    for (user, answer) in buyers.iter().zip(answers) {
+        match answer.unwrap() {
+            Err(e) if e.code() == tonic::Code::Unavailable => {
+                told_round_failed += usize::from(e.message().contains("rebalancing for item"));
+            }
+            other => panic!("{user}: {other:?} while the donor holds {total} units"),
+        }
+    }
+    // Some buyers waited on the round that failed (the rest ran rounds of their own,
+    // whose reads timed out): the path this test is about ran.
+    assert!(told_round_failed > 0, "no buyer waited on the failed round");
+    assert_eq!(h.metrics.false_sold_out.get(), 0);
+
+    // The pause ends; the same requests again buy every unit, once.
+    tokio::time::sleep(Duration::from_millis(2600).saturating_sub(paused_at.elapsed())).await;
+    let mut c = c.clone();
+    let mut reserved = HashSet::new();
+    for user in &buyers {
+        let r = reserve(&mut c, a, s, user, "r").await.unwrap();
+        match r.outcome() {
+            ReserveOutcome::Reserved => assert!(reserved.insert(user.clone())),
+            ReserveOutcome::SoldOut => {}
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    assert_eq!(reserved.len() as i64, total.min(20));
+    assert_eq!(
+        shard_stock(&redis, a, s, SHARDS).await.iter().sum::<i64>(),
+        total - reserved.len() as i64
+    );
+    assert_eq!(stream_len(&redis, a, SHARDS).await, reserved.len() as i64);
+}
+
 #[tokio::test]
 async fn a_retry_with_the_same_request_id_returns_the_same_reservation() {
     init_tracing();
