@@ -196,10 +196,21 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
 /// between the last read and the outage still counts until the next read (it errs
 /// toward paging); a read that fails with MySQL up is corrected by the next one, 5 s
 /// later (the alert waits minutes).
+///
+/// `orderd_stats_refreshed_timestamp_seconds` is set when a pass's three reads all
+/// succeeded, so a dashboard or an alert (`SeckillOrderStatsStale`) can tell frozen
+/// gauges from quiet ones.
 pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
     let mut oldest_pending = None;
     loop {
-        if let Ok(rows) = db.count_by_state().await {
+        let counted = db.count_by_state().await;
+        let dead = db.unreplayed_dead_letters().await;
+        let pending = db.pending_return_stats().await;
+        if counted.is_ok() && dead.is_ok() && pending.is_ok() {
+            let unix = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
+            metrics.stats_refreshed.set(unix);
+        }
+        if let Ok(rows) = counted {
             for s in Status::ALL {
                 let n = rows
                     .iter()
@@ -212,10 +223,10 @@ pub async fn stats(db: Db, metrics: Metrics, shutdown: Shutdown) {
                     .set(n);
             }
         }
-        if let Ok(n) = db.unreplayed_dead_letters().await {
+        if let Ok(n) = dead {
             metrics.dead_letters.set(n as i64);
         }
-        if let Ok((n, oldest)) = db.pending_return_stats().await {
+        if let Ok((n, oldest)) = pending {
             metrics.stock_returns_pending.set(n as i64);
             oldest_pending = oldest;
         }

@@ -46,6 +46,7 @@ pub struct Metrics {
     pub stock_return_retries: IntCounterVec,
     pub stock_returns_pending: IntGauge,
     pub stock_return_oldest_pending_seconds: Gauge,
+    pub stats_refreshed: Gauge,
     pub timeouts: IntCounter,
     pub unknown_cluster_activities: IntGauge,
 }
@@ -146,6 +147,12 @@ impl Metrics {
             "Age of the oldest stock-return outbox row not yet relayed (0 when none)",
         )
         .expect("valid metric");
+        let stats_refreshed = Gauge::new(
+            "orderd_stats_refreshed_timestamp_seconds",
+            "Unix time of the last refresh of the gauges read from MySQL (orders by state, \
+             dead letters, pending stock returns) whose reads all succeeded; 0 before the first",
+        )
+        .expect("valid metric");
         let timeouts = IntCounter::new(
             "orderd_timeouts_total",
             "Orders cancelled because the payment deadline passed",
@@ -170,6 +177,7 @@ impl Metrics {
             Box::new(stock_return_retries.clone()),
             Box::new(stock_returns_pending.clone()),
             Box::new(stock_return_oldest_pending_seconds.clone()),
+            Box::new(stats_refreshed.clone()),
             Box::new(timeouts.clone()),
             Box::new(unknown_cluster_activities.clone()),
             Box::new(seckill_daemon::telemetry::DroppedLines::new("orderd")),
@@ -190,6 +198,7 @@ impl Metrics {
             stock_return_retries,
             stock_returns_pending,
             stock_return_oldest_pending_seconds,
+            stats_refreshed,
             timeouts,
             unknown_cluster_activities,
         }

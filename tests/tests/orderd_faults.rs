@@ -214,8 +214,9 @@ async fn a_reservation_id_handed_out_twice_is_dead_lettered_not_taken_for_a_rede
 /// A stock return stuck because its Redis is down stays visible while MySQL is down
 /// too: the oldest-pending age (what `SeckillStockReturnsStuck` pages on) goes on
 /// growing from the last read, since the row cannot be marked done meanwhile. Before,
-/// the gauge kept the value of its last successful read for the whole outage. Then both
-/// come back and the return goes through.
+/// the gauge kept the value of its last successful read for the whole outage. The other
+/// gauges keep theirs, and `orderd_stats_refreshed_timestamp_seconds` says since when.
+/// Then both come back and the return goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
     init_tracing();
@@ -256,6 +257,21 @@ async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
     )
     .await;
     assert_eq!(orderd.metrics.stock_returns_pending.get(), 1);
+    // The gauges that keep their value meanwhile are marked stale: the last refresh
+    // whose reads all succeeded is from before the outage (8 s and more ago; a pass
+    // every 5 s would have set it within the last 5).
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64()
+    };
+    let refreshed = || orderd.metrics.stats_refreshed.get();
+    let stale_for = unix_now() - refreshed();
+    assert!(
+        refreshed() > 0.0 && stale_for >= 7.0,
+        "stats refreshed {stale_for:.1} s ago while MySQL is down"
+    );
 
     db.server().unwrap().restart();
     tokio::task::block_in_place(|| stall.join());
@@ -263,6 +279,12 @@ async fn a_stuck_return_keeps_ageing_while_mysql_is_down() {
         "the return went through",
         Duration::from_secs(60),
         || async { orderd.metrics.stock_returns_pending.get() == 0 && age() == 0.0 },
+    )
+    .await;
+    wait_until_async(
+        "the stats are fresh again",
+        Duration::from_secs(15),
+        || async { unix_now() - refreshed() < 6.0 },
     )
     .await;
     assert_eq!(mysql_stock(&db, s).await, 5);
