@@ -9,7 +9,10 @@
 
 use crate::ids::ReservationId;
 use crate::keys;
-use crate::scripts::{Script, GIVE, REBUILD, RELEASE, RESERVE, TAKE, WARM};
+use crate::scripts::{
+    Script, GIVE, MOVE_BEGIN, MOVE_END, REBUILD, RELEASE, RESERVE, SOLDOUT_CLEAR, SOLDOUT_MARK,
+    TAKE, WARM,
+};
 use crate::user::{RequestId, UserId};
 use crate::{ActivityId, ItemId, Shard};
 
@@ -436,6 +439,136 @@ impl Call for RebuildCall {
     }
 }
 
+/// MOVE_BEGIN (`scripts/move_begin.lua`): a move of units of `item` is under way until
+/// [`MoveEndCall`] or `lifetime_ms`.
+#[derive(Debug, Clone)]
+pub struct MoveBeginCall {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl MoveBeginCall {
+    /// Move `id` (unique per move) of `item` in `activity`, held for at most
+    /// `lifetime_ms` (at least 1).
+    pub fn new(activity: ActivityId, item: ItemId, id: &str, lifetime_ms: u64) -> Self {
+        Self {
+            keys: vec![keys::moving(activity, item)],
+            args: vec![id.to_string(), lifetime_ms.max(1).to_string()],
+        }
+    }
+}
+
+impl Call for MoveBeginCall {
+    const SCRIPT: Script = MOVE_BEGIN;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// MOVE_END (`scripts/move_end.lua`): move `id` is over; `moved` when it moved units or
+/// may have.
+#[derive(Debug, Clone)]
+pub struct MoveEndCall {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl MoveEndCall {
+    pub fn new(activity: ActivityId, item: ItemId, id: &str, moved: bool) -> Self {
+        Self {
+            keys: vec![keys::moving(activity, item), keys::changes(activity, item)],
+            args: vec![id.to_string(), if moved { "1" } else { "0" }.to_string()],
+        }
+    }
+}
+
+impl Call for MoveEndCall {
+    const SCRIPT: Script = MOVE_END;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// SOLDOUT_MARK (`scripts/soldout_mark.lua`): set the sold-out flag of `item` unless a
+/// move is under way or the change count is no longer `changes` (as read before the
+/// look at the shards; `None` when the key was missing).
+#[derive(Debug, Clone)]
+pub struct SoldOutMarkCall {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl SoldOutMarkCall {
+    pub fn new(activity: ActivityId, item: ItemId, changes: Option<&str>) -> Self {
+        Self {
+            keys: vec![
+                keys::moving(activity, item),
+                keys::changes(activity, item),
+                keys::sold_out(activity, item),
+            ],
+            args: vec![changes.unwrap_or_default().to_string()],
+        }
+    }
+}
+
+impl Call for SoldOutMarkCall {
+    const SCRIPT: Script = SOLDOUT_MARK;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, self.args)
+    }
+}
+
+/// What SOLDOUT_MARK answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marked {
+    /// This call set the flag (announce it).
+    Set,
+    /// The flag was set already.
+    Already,
+    /// A move is between a take and a give: units may be on their way to a shard.
+    Moving,
+    /// A move ended or units came back during the caller's look: look again.
+    Changed,
+}
+
+impl Marked {
+    /// Reads the integer answer (`None` for an answer the script never gives).
+    pub fn from_reply(n: i64) -> Option<Self> {
+        match n {
+            1 => Some(Marked::Set),
+            0 => Some(Marked::Already),
+            -1 => Some(Marked::Moving),
+            -2 => Some(Marked::Changed),
+            _ => None,
+        }
+    }
+}
+
+/// SOLDOUT_CLEAR (`scripts/soldout_clear.lua`): clear the sold-out flag of `item` and
+/// count the change; answers 1 when the flag was set.
+#[derive(Debug, Clone)]
+pub struct SoldOutClearCall {
+    keys: Vec<String>,
+}
+
+impl SoldOutClearCall {
+    pub fn new(activity: ActivityId, item: ItemId) -> Self {
+        Self {
+            keys: vec![
+                keys::sold_out(activity, item),
+                keys::changes(activity, item),
+            ],
+        }
+    }
+}
+
+impl Call for SoldOutClearCall {
+    const SCRIPT: Script = SOLDOUT_CLEAR;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (self.keys, Vec::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,6 +659,34 @@ mod tests {
         assert_eq!(Given::from_reply(-1), Given::FenceMissing);
         assert_eq!(Given::from_reply(-2), Given::Stale);
         assert_eq!(Given::from_reply(5), Given::Units(5));
+        let (k, a) = MoveBeginCall::new(7, 11, "m1", 0).into_parts();
+        assert_eq!(k, [keys::moving(7, 11)]);
+        assert_eq!(a, ["m1", "1"]);
+        let (k, a) = MoveEndCall::new(7, 11, "m1", true).into_parts();
+        assert_eq!(k, [keys::moving(7, 11), keys::changes(7, 11)]);
+        assert_eq!(a, ["m1", "1"]);
+        let (k, a) = SoldOutMarkCall::new(7, 11, None).into_parts();
+        assert_eq!(
+            k,
+            [
+                keys::moving(7, 11),
+                keys::changes(7, 11),
+                keys::sold_out(7, 11)
+            ]
+        );
+        assert_eq!(a, [""]);
+        let (k, a) = SoldOutClearCall::new(7, 11).into_parts();
+        assert_eq!(k, [keys::sold_out(7, 11), keys::changes(7, 11)]);
+        assert!(a.is_empty());
+        for (n, m) in [
+            (1, Marked::Set),
+            (0, Marked::Already),
+            (-1, Marked::Moving),
+            (-2, Marked::Changed),
+        ] {
+            assert_eq!(Marked::from_reply(n), Some(m));
+        }
+        assert_eq!(Marked::from_reply(2), None);
         let mut w = WarmCall::new(7, 1, "e9", false);
         w.push(11, 10);
         w.push(12, 0);

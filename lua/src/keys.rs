@@ -54,6 +54,19 @@ pub fn sold_out(a: ActivityId, s: ItemId) -> String {
     format!("sk:{{{a}}}:soldout:{s}")
 }
 
+/// `sk:{a}:moving:<s>`: sorted set of the rebalancing moves of item `s` under way (move
+/// id -> deadline, Redis time in ms): units between a take and a give.
+pub fn moving(a: ActivityId, s: ItemId) -> String {
+    format!("sk:{{{a}}}:moving:{s}")
+}
+
+/// `sk:{a}:changes:<s>`: count of the events that may put units of item `s` where a
+/// look at the shards had found none (a move that moved units ended, the flag was
+/// cleared); the sold-out mark is refused when it changed during the caller's look.
+pub fn changes(a: ActivityId, s: ItemId) -> String {
+    format!("sk:{{{a}}}:changes:{s}")
+}
+
 /// `sk:fleet:{u<g>}:<key>`: the fleet-wide per-user bucket of the user whose 64-bit
 /// key (xxh3 of the user id, hex) is `key`, in one of 16 groups `g` (the key's low
 /// bits) so that one Lua call covers a group and the groups spread over the cluster.
@@ -205,5 +218,8 @@ mod tests {
     fn activity_wide_keys_share_the_activity_tag() {
         assert_eq!(hashed_part(&meta(9)), "9");
         assert_eq!(hashed_part(&sold_out(9, 3)), "9");
+        // The mark reads them in one script with the flag.
+        assert_eq!(hashed_part(&moving(9, 3)), "9");
+        assert_eq!(hashed_part(&changes(9, 3)), "9");
     }
 }

@@ -50,6 +50,28 @@ pub const REBUILD: Script = Script {
     body: include_str!("../scripts/rebuild.lua"),
 };
 
+/// A rebalancing move is about to take units: see `scripts/move_begin.lua`.
+pub const MOVE_BEGIN: Script = Script {
+    name: "move_begin",
+    body: include_str!("../scripts/move_begin.lua"),
+};
+/// A rebalancing move is over: see `scripts/move_end.lua`.
+pub const MOVE_END: Script = Script {
+    name: "move_end",
+    body: include_str!("../scripts/move_end.lua"),
+};
+/// Set the sold-out flag unless a move or a return may have been missed: see
+/// `scripts/soldout_mark.lua`.
+pub const SOLDOUT_MARK: Script = Script {
+    name: "soldout_mark",
+    body: include_str!("../scripts/soldout_mark.lua"),
+};
+/// Clear the sold-out flag and count the change: see `scripts/soldout_clear.lua`.
+pub const SOLDOUT_CLEAR: Script = Script {
+    name: "soldout_clear",
+    body: include_str!("../scripts/soldout_clear.lua"),
+};
+
 /// The gateway's fleet-wide token buckets: see `scripts/fleet_bucket.lua` (called by
 /// the gateway with EVAL, not loaded by stockd).
 pub const FLEET_BUCKET: Script = Script {
@@ -65,7 +87,18 @@ pub const FLEET_SLOTS: Script = Script {
 };
 
 /// Every script, for loading at start-up.
-pub const ALL: [Script; 6] = [RESERVE, RELEASE, TAKE, GIVE, WARM, REBUILD];
+pub const ALL: [Script; 10] = [
+    RESERVE,
+    RELEASE,
+    TAKE,
+    GIVE,
+    WARM,
+    REBUILD,
+    MOVE_BEGIN,
+    MOVE_END,
+    SOLDOUT_MARK,
+    SOLDOUT_CLEAR,
+];
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ use fred::types::streams::{XPendingArgs, XID};
 use fred::types::Value;
 use seckill_daemon::ack::Acks;
 use seckill_daemon::redis::{Retries, Scripts};
-use seckill_lua::calls::{Call, ReleaseCall};
+use seckill_lua::calls::{Call, ReleaseCall, SoldOutClearCall};
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
 use seckill_lua::{ActivityId, ItemId, ReservationId, Shard};
@@ -174,9 +174,11 @@ impl Redis {
             .ok_or_else(|| Error::Internal(format!("release answered {outcome:?}")))
     }
 
-    /// Units came back: clear the sold-out flag of `(a, s)` and announce it.
+    /// Units came back: clear the sold-out flag of `(a, s)` and announce it. The clear
+    /// counts a change (`scripts/soldout_clear.lua`), so a stockd's sold-out mark decided
+    /// from a look taken before this unit came back is refused.
     pub async fn clear_sold_out(&self, a: ActivityId, s: ItemId) -> Result<()> {
-        let _: i64 = self.client.del(keys::sold_out(a, s)).await?;
+        self.call(SoldOutClearCall::new(a, s)).await?;
         let msg = SoldOut {
             activity: a,
             item: s,

@@ -9,7 +9,8 @@
 //! - [`db`]: MySQL (activities, items, active orders).
 //! - [`catalog`]: published activities in memory (window checks without Redis).
 //! - [`shard`]: per-shard state: the high-water mark and the group-commit queue;
-//!   [`mover`]: one rebalancing move at a time per item and home shard.
+//!   [`mover`]: one rebalancing move at a time per item and home shard; [`transit`]:
+//!   units between a take and a give hold the sold-out mark back.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
 //!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, lost-reservation
 //!   accounting, start-up check), [`fence`] (the periodic fence check, flat in the
@@ -37,6 +38,7 @@ pub mod service;
 pub mod shard;
 pub mod stock;
 pub mod stream;
+pub mod transit;
 
 use std::time::Duration;
 

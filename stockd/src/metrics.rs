@@ -106,6 +106,10 @@ pub struct Metrics {
     /// `stockd_false_sold_out_total`: SOLD_OUT answered while another shard still held
     /// units (rebalancing gave up).
     pub false_sold_out: IntCounter,
+    /// `stockd_sold_out_marks_refused_total`: looks that found every shard empty but
+    /// set no sold-out flag, because units were between a take and a give or moved
+    /// during the look (`crate::transit`).
+    pub sold_out_marks_refused: IntCounter,
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
     pub lost_writes: IntCounter,
@@ -203,6 +207,12 @@ impl Metrics {
             &["when"],
         )
         .expect("valid metric");
+        let sold_out_marks_refused = IntCounter::new(
+            "stockd_sold_out_marks_refused_total",
+            "Looks at every shard that found them empty but set no sold-out flag: units \
+             were moving between shards, or moved during the look",
+        )
+        .expect("valid metric");
         let false_sold_out = IntCounter::new(
             "stockd_false_sold_out_total",
             "SOLD_OUT answers given while another shard still held units",
@@ -287,6 +297,7 @@ impl Metrics {
             Box::new(recomputes.clone()),
             Box::new(move_repairs.clone()),
             Box::new(false_sold_out.clone()),
+            Box::new(sold_out_marks_refused.clone()),
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
@@ -320,6 +331,7 @@ impl Metrics {
             recomputes,
             move_repairs,
             false_sold_out,
+            sold_out_marks_refused,
             lost_writes,
             lost_reservations,
             rebalance_units,

@@ -11,7 +11,8 @@
 //! increment on the home shard; a crash between them loses units (undersell,
 //! repaired by recompute) and never creates one. When a full scan finds every shard
 //! empty, the item is sold out: `SET sk:{a}:soldout:<s>` and a message on
-//! `sk:soldout`; a release that returns a unit clears both.
+//! `sk:soldout`, unless units were between a take and a give meanwhile
+//! ([`crate::transit`]); a release that returns a unit clears both.
 //!
 //! (Over 400 lines: Reserve, Release and the rebalancing they fall back to are one path (a
 //! SOLD_OUT home shard leads straight into a move); the group-commit queue is in shard.rs
@@ -24,7 +25,10 @@ use std::time::Instant;
 use futures::future::Either;
 use tokio::sync::oneshot;
 
-use seckill_lua::calls::{GiveCall, Given, ReleaseCall, Released, TakeCall, Taken};
+use seckill_lua::calls::{
+    GiveCall, Given, Marked, ReleaseCall, Released, SoldOutClearCall, SoldOutMarkCall, TakeCall,
+    Taken,
+};
 use seckill_lua::clock::now_ms;
 use seckill_lua::keys;
 use seckill_lua::messages::SoldOut;
@@ -38,6 +42,7 @@ use crate::mover::{Outcome, Round, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
+use crate::transit::MoveMark;
 
 /// What Reserve answers. Business outcomes, not errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,8 +394,11 @@ impl App {
         match self.rebalance(entry, item, home, round).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
             Moved::Nothing | Moved::Some => {
-                // Units may be in transit between a take and a give of another call:
-                // look again before declaring it sold out (or short).
+                // Units may have moved since the round's read: look again before
+                // declaring it sold out (or short). The change count is read first:
+                // the mark is refused when a move ran meanwhile or is still under way
+                // (units between a take and a give, which no look can see).
+                let changes = self.sold_out_changes(activity, item).await?;
                 let left: i64 = self
                     .shard_stock(activity, item, shards)
                     .await?
@@ -403,7 +411,10 @@ impl App {
                 if left > 0 {
                     return Ok(Empty::NotEnough(left));
                 }
-                self.mark_sold_out(activity, item).await?;
+                if !self.mark_sold_out_settled(activity, item, changes).await? {
+                    // Units are moving, or moved during the look: reserve again.
+                    return Ok(Empty::Retry { moved: true });
+                }
                 Ok(Empty::SoldOut)
             }
         }
@@ -451,6 +462,15 @@ impl App {
         // The demand is claimed now, after the read: the callers that came during it ride
         // with this round instead of waiting for the next.
         let missing = round.claim();
+        if donors.is_empty() {
+            return Ok(Moved::Nothing);
+        }
+        // Registered before the first take, so that no look at the shards marks the item
+        // sold out while units are between a take and a give (`crate::transit`).
+        let cfg = &self.config.redis;
+        let per_donor = 2 * cfg.timeout_ms + cfg.replica_ack_timeout_ms;
+        let lifetime = donors.len() as u64 * per_donor + 1000;
+        let mark = Arc::new(MoveMark::begin(redis, a, item, lifetime).await?);
         let mut moved = 0i64;
         for donor in donors {
             let want = u32::try_from(missing - moved)
@@ -471,6 +491,7 @@ impl App {
                     want,
                 },
                 caller,
+                Arc::clone(&mark),
             ));
             let step = task
                 .await
@@ -481,6 +502,8 @@ impl App {
                     moved += n;
                     if moved >= missing {
                         round.claim_within(moved - missing);
+                        // The entry ends in the background (dropped here): the units
+                        // are home, and the callers reserve them meanwhile.
                         return Ok(Moved::Units);
                     }
                 }
@@ -491,6 +514,9 @@ impl App {
                 }
             }
         }
+        // The caller looks at the shards next and may mark the item sold out: this
+        // round's own entry must be gone first.
+        mark.end().await;
         Ok(if moved > 0 {
             Moved::Some
         } else {
@@ -511,6 +537,7 @@ impl App {
         entry: Arc<ActivityEntry>,
         m: Move,
         mut caller: oneshot::Receiver<()>,
+        mark: Arc<MoveMark>,
     ) -> Result<Step> {
         let Move {
             item,
@@ -540,6 +567,7 @@ impl App {
                 Ok(took) => took,
                 Err(e) => {
                     // Timed out or cut after the write: the take may have run.
+                    mark.moved();
                     self.repair_after_move(&entry, "a rebalancing take failed");
                     return Err(e);
                 }
@@ -573,7 +601,10 @@ impl App {
                     )))
                 }
                 Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
-                Some(Taken::Units { units, epoch }) => break (replicated, units, epoch),
+                Some(Taken::Units { units, epoch }) => {
+                    mark.moved();
+                    break (replicated, units, epoch);
+                }
                 None => return Err(Error::Internal(format!("take answered {parts:?}"))),
             }
         };
@@ -634,30 +665,78 @@ impl App {
         Ok(Step::Moved(taken))
     }
 
-    /// Sets the sold-out key and announces it when this call set it.
+    /// Sets the sold-out key and announces it when this call set it. For a rebuild,
+    /// which counted every shard from MySQL with the shards closed (no move runs);
+    /// a look at the live shards marks with [`Self::mark_sold_out_settled`].
     pub(crate) async fn mark_sold_out(&self, a: u64, s: u64) -> Result<()> {
         let redis = self.redis_at(a).await?;
         if redis.set_nx(keys::sold_out(a, s), "1").await? {
-            tracing::info!(a, s, "sold out");
-            redis
-                .publish(
-                    keys::SOLD_OUT_CHANNEL,
-                    SoldOut {
-                        activity: a,
-                        item: s,
-                        sold_out: true,
-                    }
-                    .encode(),
-                )
-                .await?;
+            self.announce_sold_out(a, s).await?;
         }
         Ok(())
     }
 
-    /// Clears the sold-out key and announces it when this call cleared it.
+    async fn announce_sold_out(&self, a: u64, s: u64) -> Result<()> {
+        tracing::info!(a, s, "sold out");
+        self.redis_at(a)
+            .await?
+            .publish(
+                keys::SOLD_OUT_CHANNEL,
+                SoldOut {
+                    activity: a,
+                    item: s,
+                    sold_out: true,
+                }
+                .encode(),
+            )
+            .await
+    }
+
+    /// The change count of item `s` (`sk:{a}:changes:<s>`), read before a look at every
+    /// shard that may end in [`Self::mark_sold_out_settled`].
+    pub(crate) async fn sold_out_changes(&self, a: u64, s: u64) -> Result<Option<String>> {
+        let redis = self.redis_at(a).await?;
+        Ok(redis
+            .mget(vec![keys::changes(a, s)])
+            .await?
+            .into_iter()
+            .next()
+            .flatten())
+    }
+
+    /// Sets the sold-out key after a look that found every shard empty, unless the look
+    /// may have missed units (`scripts/soldout_mark.lua`: a move under way, or the
+    /// change count no longer `changes`, as read before the look). True when the flag
+    /// is set (by this call, announced, or before); false when refused.
+    pub(crate) async fn mark_sold_out_settled(
+        &self,
+        a: u64,
+        s: u64,
+        changes: Option<String>,
+    ) -> Result<bool> {
+        let redis = self.redis_at(a).await?;
+        let reply = int(&redis
+            .call(SoldOutMarkCall::new(a, s, changes.as_deref()))
+            .await?)?;
+        match Marked::from_reply(reply) {
+            Some(Marked::Set) => {
+                self.announce_sold_out(a, s).await?;
+                Ok(true)
+            }
+            Some(Marked::Already) => Ok(true),
+            Some(Marked::Moving | Marked::Changed) => {
+                self.metrics.sold_out_marks_refused.inc();
+                Ok(false)
+            }
+            None => Err(Error::Internal(format!("sold-out mark answered {reply}"))),
+        }
+    }
+
+    /// Clears the sold-out key (and counts the change: a mark decided from a look
+    /// before it is refused) and announces it when this call cleared it.
     pub(crate) async fn clear_sold_out(&self, a: u64, s: u64) -> Result<()> {
         let redis = self.redis_at(a).await?;
-        if redis.del(keys::sold_out(a, s)).await? {
+        if int(&redis.call(SoldOutClearCall::new(a, s)).await?)? > 0 {
             tracing::info!(a, s, "back in stock");
             redis
                 .publish(
@@ -690,9 +769,12 @@ impl App {
         let (a, shards) = (entry.id(), entry.shards());
         tokio::spawn(async move {
             let check = async {
+                let changes = app.sold_out_changes(a, item).await?;
                 let stock = app.shard_stock(a, item, shards).await?;
                 if stock.iter().all(|&n| n <= 0) {
-                    app.mark_sold_out(a, item).await?;
+                    // Refused while units move: the next buyer whose home is empty
+                    // runs a round, which marks it once they have landed.
+                    app.mark_sold_out_settled(a, item, changes).await?;
                 }
                 Ok::<_, Error>(())
             };

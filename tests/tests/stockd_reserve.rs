@@ -11,7 +11,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use seckill_lua::calls::ReserveCall;
+use seckill_lua::calls::{
+    Call, MoveBeginCall, MoveEndCall, ReserveCall, SoldOutClearCall, SoldOutMarkCall,
+};
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
@@ -312,6 +314,151 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     );
     assert!(rounds <= 12, "{rounds} rebalancing rounds for 50 buyers");
     assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
+}
+
+/// One call of a typed script (`seckill_lua::calls`) by `EVAL`; its integer answer.
+async fn eval_int<C: Call>(redis: &Client, call: C) -> i64 {
+    let (keys, args) = call.into_parts();
+    redis
+        .eval(C::SCRIPT.body, keys, args)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", C::SCRIPT.name))
+}
+
+async fn changes(redis: &Client, a: u64, s: u64) -> Option<String> {
+    redis.get(keys::changes(a, s)).await.unwrap()
+}
+
+async fn flagged(redis: &Client, a: u64, s: u64) -> bool {
+    let n: i64 = redis.exists(keys::sold_out(a, s)).await.unwrap();
+    n == 1
+}
+
+/// The sold-out mark's contract (`soldout_mark.lua`), on a real cluster: refused while a
+/// move is under way (-1) and when the change count moved since the caller read it
+/// (-2); a move that took nothing does not move the count; every clear does; a move
+/// entry past its deadline holds nothing back.
+#[tokio::test]
+async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let redis = cluster.client().await;
+    let (a, s) = (77, 5);
+    let mark = |c: Option<String>| SoldOutMarkCall::new(a, s, c.as_deref());
+
+    let read = changes(&redis, a, s).await;
+    assert_eq!(read, None);
+    assert_eq!(
+        eval_int(&redis, MoveBeginCall::new(a, s, "m1", 60_000)).await,
+        1
+    );
+    assert_eq!(
+        eval_int(&redis, mark(read.clone())).await,
+        -1,
+        "a move is under way"
+    );
+    // A second round that took nothing leaves without a change.
+    eval_int(&redis, MoveBeginCall::new(a, s, "m2", 60_000)).await;
+    eval_int(&redis, MoveEndCall::new(a, s, "m2", false)).await;
+    assert_eq!(changes(&redis, a, s).await, None);
+    // The first moved units: a look read before it ended may have missed them.
+    eval_int(&redis, MoveEndCall::new(a, s, "m1", true)).await;
+    assert_eq!(
+        eval_int(&redis, mark(read)).await,
+        -2,
+        "units moved during the look"
+    );
+    assert!(!flagged(&redis, a, s).await);
+    let read = changes(&redis, a, s).await;
+    assert_eq!(read.as_deref(), Some("1"));
+    assert_eq!(
+        eval_int(&redis, mark(read.clone())).await,
+        1,
+        "set by this call"
+    );
+    assert_eq!(eval_int(&redis, mark(read.clone())).await, 0, "set already");
+    assert!(flagged(&redis, a, s).await);
+
+    // A unit comes back (a release): the clear counts a change.
+    assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 1);
+    assert!(!flagged(&redis, a, s).await);
+    assert_eq!(eval_int(&redis, mark(read)).await, -2, "a unit came back");
+    assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 0);
+
+    // A mover that died: its entry holds marks back until its deadline only.
+    let read = changes(&redis, a, s).await;
+    eval_int(&redis, MoveBeginCall::new(a, s, "dead", 300)).await;
+    assert_eq!(eval_int(&redis, mark(read.clone())).await, -1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(eval_int(&redis, mark(read)).await, 1);
+    let left: i64 = redis.zcard(keys::moving(a, s)).await.unwrap();
+    assert_eq!(left, 0, "expired entries are swept");
+}
+
+/// Units between a take and a give are on no shard: a look at every shard then finds
+/// none. While a move is under way (registered as another stockd's round registers it:
+/// its taken units on no shard), neither the check after a reservation emptied its shard
+/// nor a round of a buyer whose home is empty sets the sold-out flag. Once the give has
+/// landed and the move ended, the units sell, and the flag is set when they are gone.
+/// (Before, both looks set the flag: the gateway would have answered sold out to every
+/// buyer until somebody cleared it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_while_units_move_sets_no_sold_out_flag() {
+    init_tracing();
+    const SHARDS: u32 = 8;
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(80, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+    // The last unit on shard 5; two more taken from a donor by another stockd's round,
+    // not given yet.
+    set_shard_stock(&redis, a, s, &[0, 0, 0, 0, 0, 1, 0, 0]).await;
+    eval_int(&redis, MoveBeginCall::new(a, s, "peer-round", 60_000)).await;
+    let refused = || h.metrics.sold_out_marks_refused.get();
+
+    // The last unit of shard 5 sells; the check that follows finds every shard empty.
+    let user = user_on_shard("last-of-5", 5, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    wait_until_async(
+        "the check after the sale",
+        Duration::from_secs(10),
+        || async { refused() >= 1 || flagged(&redis, a, s).await },
+    )
+    .await;
+    assert!(!flagged(&redis, a, s).await, "flagged while units move");
+
+    // A buyer whose home is empty: its rounds find nothing and may not mark either. (It
+    // is told sold out once out of attempts, counted as a false sold-out.)
+    let before = refused();
+    let user = user_on_shard("during", 0, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    assert!(refused() > before);
+    assert!(!flagged(&redis, a, s).await, "flagged while units move");
+    assert_eq!(h.metrics.false_sold_out.get(), 1);
+
+    // The give lands on shard 3 and the round ends: the two units sell, then the flag.
+    set_shard_stock(&redis, a, s, &[0, 0, 0, 2, 0, 0, 0, 0]).await;
+    eval_int(&redis, MoveEndCall::new(a, s, "peer-round", true)).await;
+    for k in 0..2 {
+        let user = user_on_shard(&format!("after{k}"), 0, SHARDS);
+        let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+        assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
+    }
+    let user = user_on_shard("too-late", 1, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    wait_until_async(
+        "the flag once every unit sold",
+        Duration::from_secs(10),
+        || async { flagged(&redis, a, s).await },
+    )
+    .await;
+    assert_eq!(stream_len(&redis, a, SHARDS).await, 3);
 }
 
 /// A buyer whose home is empty and whose last rebalancing round failed (the round's
