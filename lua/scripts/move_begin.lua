@@ -12,7 +12,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local life = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now + life, ARGV[1])
--- Every entry has the same lifetime, so the newest deadline is the latest: the key
--- never outlives its last entry.
-redis.call('PEXPIRE', KEYS[1], life)
+-- The key lives as long as its longest-lived entry: rounds have different lifetimes,
+-- so a shorter one only ever extends the TTL, never cuts it. (PTTL is -1 on the key
+-- ZADD just made. Not PEXPIRE GT: it takes a key without a TTL for an infinite one.)
+if redis.call('PTTL', KEYS[1]) < life then
+  redis.call('PEXPIRE', KEYS[1], life)
+end
 return 1

@@ -440,6 +440,13 @@ impl App {
             .max()
             .unwrap_or(0);
         let epoch = epoch_from_millis((now_ms().max(0) as u64).max(newest + 1));
+        // Read while every shard is still closed: a release on a shard reopened below
+        // clears the flag and raises the count, so the sold-out mark after the opens is
+        // refused instead of hiding the unit it returned.
+        let mut changes = Vec::with_capacity(report.len());
+        for r in &report {
+            changes.push(self.sold_out_changes(a, r.item).await?);
+        }
         for i in 0..shards {
             let mut open = RebuildCall::open(a, i, token, &epoch);
             for rec in &records {
@@ -474,9 +481,9 @@ impl App {
             // one later (that failover) is taken for lost writes, not served.
             entry.saw(i, &epoch, 0, false);
         }
-        for r in &report {
+        for (r, changes) in report.iter().zip(changes) {
             if r.stock == 0 {
-                self.mark_sold_out(a, r.item).await?;
+                self.mark_sold_out_settled(a, r.item, changes).await?;
             } else {
                 self.clear_sold_out(a, r.item).await?;
             }

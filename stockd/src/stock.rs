@@ -467,8 +467,10 @@ impl App {
         }
         // Registered before the first take, so that no look at the shards marks the item
         // sold out while units are between a take and a give (`crate::transit`).
-        let cfg = &self.config.redis;
-        let per_donor = 2 * cfg.timeout_ms + cfg.replica_ack_timeout_ms;
+        // Its deadline covers the round's worst case: per donor a fence read, a take, a
+        // second take after adopting a newer epoch and a give, each bounded by the
+        // deadline (a replica-acknowledged take's WAIT within it), and a second more.
+        let per_donor = 4 * self.config.redis.timeout_ms;
         let lifetime = donors.len() as u64 * per_donor + 1000;
         let mark = Arc::new(MoveMark::begin(redis, a, item, lifetime).await?);
         let mut moved = 0i64;
@@ -629,7 +631,11 @@ impl App {
         let given = match redis.call(give).await.and_then(|v| int(&v)) {
             Ok(n) => Given::from_reply(n),
             Err(e) => {
-                // The give may not have run: the taken units would be gone for good.
+                // The give may not have run: the taken units would be gone for good. Or
+                // it may still land (a master that queued it past the deadline): the
+                // round's entry stays until its deadline instead of ending now, so no
+                // look marks the item sold out before it lands.
+                mark.abandon();
                 self.repair_after_move(&entry, "a rebalancing give failed");
                 return Err(e);
             }
@@ -663,17 +669,6 @@ impl App {
             }
         }
         Ok(Step::Moved(taken))
-    }
-
-    /// Sets the sold-out key and announces it when this call set it. For a rebuild,
-    /// which counted every shard from MySQL with the shards closed (no move runs);
-    /// a look at the live shards marks with [`Self::mark_sold_out_settled`].
-    pub(crate) async fn mark_sold_out(&self, a: u64, s: u64) -> Result<()> {
-        let redis = self.redis_at(a).await?;
-        if redis.set_nx(keys::sold_out(a, s), "1").await? {
-            self.announce_sold_out(a, s).await?;
-        }
-        Ok(())
     }
 
     async fn announce_sold_out(&self, a: u64, s: u64) -> Result<()> {
@@ -769,12 +764,19 @@ impl App {
         let (a, shards) = (entry.id(), entry.shards());
         tokio::spawn(async move {
             let check = async {
-                let changes = app.sold_out_changes(a, item).await?;
-                let stock = app.shard_stock(a, item, shards).await?;
-                if stock.iter().all(|&n| n <= 0) {
-                    // Refused while units move: the next buyer whose home is empty
-                    // runs a round, which marks it once they have landed.
-                    app.mark_sold_out_settled(a, item, changes).await?;
+                // Refused while units move (often the round that brought this buyer's
+                // unit home, ending in the background): looked at again a little later,
+                // a few times; after that the next buyer whose home is empty runs a
+                // round, which marks it once they have landed.
+                for wait_ms in [0, 20, 100, 500] {
+                    tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                    let changes = app.sold_out_changes(a, item).await?;
+                    let stock = app.shard_stock(a, item, shards).await?;
+                    if stock.iter().any(|&n| n > 0)
+                        || app.mark_sold_out_settled(a, item, changes).await?
+                    {
+                        break;
+                    }
                 }
                 Ok::<_, Error>(())
             };

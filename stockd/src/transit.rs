@@ -11,11 +11,12 @@
 //! the change count (`sk:{a}:changes:<s>`, raised by every round that moved units and
 //! every clear) moved during the look.
 //!
-//! A round's entry has a deadline: a stockd that dies in the middle of a move leaves
-//! an entry that stops holding marks back after at most
-//! `donors × (2 × redis.timeout_ms + redis.replica_ack_timeout_ms) + 1 s` (each take and
-//! give is bounded by the deadline). Its taken units are lost until a rebuild counts
-//! them back, as before.
+//! A round's entry has a deadline: a stockd that dies in the middle of a move, or a
+//! give whose outcome is unknown (it may land late), leaves an entry that stops holding
+//! marks back after `donors × 4 × redis.timeout_ms + 1 s` (`donors`: the shards the
+//! round's read found units on; per donor a fence read, a take, a second take and a
+//! give, each bounded by the deadline). Taken units that were not given are lost until
+//! a rebuild counts them back, as before.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -66,6 +67,12 @@ impl MoveMark {
     /// A take of this round answered units, or may have taken some.
     pub(crate) fn moved(&self) {
         self.moved.store(true, Ordering::Release);
+    }
+
+    /// A give of this round may still land (its outcome is unknown): the entry is left
+    /// to its deadline rather than ended.
+    pub(crate) fn abandon(&self) {
+        self.ended.store(true, Ordering::Release);
     }
 
     fn end_call(&self) -> MoveEndCall {

@@ -236,3 +236,34 @@ async fn the_holders_follow_a_returned_unit_and_its_new_buyer_on_every_edge() {
     }
     assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
+
+/// An item whose shards are all empty while a rebalancing round is under way (a peer
+/// stockd took its units and has not given them yet: they are on no shard) is not sold
+/// out at the edge: the edge's read sees the round (`sk:{a}:moving:<s>`). Once the round
+/// is over (here its units were sold meanwhile, so the shards stay empty), it is.
+/// Before, the first read after the take answered 410 to every buyer until a read found
+/// the units again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_whose_units_are_moving_is_not_sold_out_at_the_edge() {
+    use seckill_lua::calls::{MoveBeginCall, MoveEndCall};
+    init_tracing();
+    let s = Stack::start().await;
+    let act = s.open_activity(&[(2, 100)]).await;
+    let gw = s.gateway(|_| {}).await;
+    gw.wait_activity(act.id).await;
+    let (a, item) = (act.id, act.items[0].id);
+    let redis = s.redis.client().await;
+    seckill_tests::redis::call(&redis, MoveBeginCall::new(a, item, "peer", 60_000)).await;
+    seckill_tests::stockd::set_shard_stock(&redis, a, item, &[0, 0]).await;
+    // Ten of the edge's reads (one every 100 ms): still on sale.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!sold_out_at(&gw, a).await, "sold out while its units move");
+
+    seckill_tests::redis::call(&redis, MoveEndCall::new(a, item, "peer", true)).await;
+    wait_until_async(
+        "sold out once the round is over",
+        Duration::from_secs(10),
+        || sold_out_at(&gw, a),
+    )
+    .await;
+}

@@ -316,13 +316,14 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
 }
 
-/// One call of a typed script (`seckill_lua::calls`) by `EVAL`; its integer answer.
-async fn eval_int<C: Call>(redis: &Client, call: C) -> i64 {
-    let (keys, args) = call.into_parts();
-    redis
-        .eval(C::SCRIPT.body, keys, args)
+/// One call of a typed script (`seckill_lua::calls`), as the daemons send it; its
+/// integer answer.
+async fn eval_int<C: Call>(redis: &Client, c: C) -> i64 {
+    let name = C::SCRIPT.name;
+    seckill_tests::redis::call(redis, c)
         .await
-        .unwrap_or_else(|e| panic!("{}: {e}", C::SCRIPT.name))
+        .as_i64()
+        .unwrap_or_else(|| panic!("{name}: not an integer"))
 }
 
 async fn changes(redis: &Client, a: u64, s: u64) -> Option<String> {
@@ -385,11 +386,21 @@ async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look(
     assert_eq!(eval_int(&redis, mark(read)).await, -2, "a unit came back");
     assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 0);
 
-    // A mover that died: its entry holds marks back until its deadline only.
+    // A mover that died: its entry holds marks back until its deadline only. A round
+    // with a longer life begun before it keeps the key alive (a shorter round never
+    // cuts the key's TTL) and holds marks back for its own life.
+    eval_int(&redis, SoldOutClearCall::new(a, s)).await;
     let read = changes(&redis, a, s).await;
-    eval_int(&redis, MoveBeginCall::new(a, s, "dead", 300)).await;
-    assert_eq!(eval_int(&redis, mark(read.clone())).await, -1);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    eval_int(&redis, MoveBeginCall::new(a, s, "long", 60_000)).await;
+    eval_int(&redis, MoveBeginCall::new(a, s, "dead", 1_500)).await;
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    assert_eq!(
+        eval_int(&redis, mark(read.clone())).await,
+        -1,
+        "the long round is live"
+    );
+    eval_int(&redis, MoveEndCall::new(a, s, "long", false)).await;
+    // Only the dead round's entry is left, past its deadline: swept, and the mark passes.
     assert_eq!(eval_int(&redis, mark(read)).await, 1);
     let left: i64 = redis.zcard(keys::moving(a, s)).await.unwrap();
     assert_eq!(left, 0, "expired entries are swept");
@@ -400,8 +411,8 @@ async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look(
 /// its taken units on no shard), neither the check after a reservation emptied its shard
 /// nor a round of a buyer whose home is empty sets the sold-out flag. Once the give has
 /// landed and the move ended, the units sell, and the flag is set when they are gone.
-/// (Before, both looks set the flag: the gateway would have answered sold out to every
-/// buyer until somebody cleared it.)
+/// (Before, both looks set the flag, which buyers queued behind a round then heard as
+/// sold out, and which stockd's status reported, until somebody cleared it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_look_while_units_move_sets_no_sold_out_flag() {
     init_tracing();
