@@ -226,6 +226,15 @@ impl App {
         });
     }
 
+    /// After a rebuild: the items it left without units get the sold-out check a
+    /// reservation that empties a shard gets (its own mark may have been refused while
+    /// a round was under way; the check sees the flag set and stops at once otherwise).
+    fn look_after_rebuild(self: &Arc<Self>, entry: &Arc<ActivityEntry>, report: &[Rebuilt]) {
+        for r in report.iter().filter(|r| r.stock == 0) {
+            self.spawn_sold_out_check(entry, r.item);
+        }
+    }
+
     /// Runs the rebuild in the background, retrying until it succeeds or the process
     /// shuts down; the caller has set `recomputing`. The task clears it.
     fn spawn_rebuild(self: &Arc<Self>, entry: &Arc<ActivityEntry>, cause: Cause) {
@@ -238,6 +247,7 @@ impl App {
                         let label = if r.is_some() { "ok" } else { "skipped" };
                         app.metrics.recomputes.with_label_values(&[label]).inc();
                         entry.available.store(true, Ordering::Release);
+                        app.look_after_rebuild(&entry, &r.unwrap_or_default());
                         break;
                     }
                     Err(e) => {
@@ -276,7 +286,9 @@ impl App {
             Ok(r) => {
                 entry.available.store(true, Ordering::Release);
                 entry.recomputing.store(false, Ordering::Release);
-                Ok(r.unwrap_or_default())
+                let r = r.unwrap_or_default();
+                self.look_after_rebuild(entry, &r);
+                Ok(r)
             }
             Err(e) => {
                 // Leave it to the background path to finish the job.
@@ -483,7 +495,13 @@ impl App {
         }
         for (r, changes) in report.iter().zip(changes) {
             if r.stock == 0 {
-                self.mark_sold_out_settled(a, r.item, changes).await?;
+                // Refused when a round was under way (often the failed move that asked
+                // for this rebuild, whose entry waits for its deadline): the look that
+                // follows every rebuild (`Self::look_after_rebuild`) tries again.
+                if !self.mark_sold_out_settled(a, r.item, changes).await? {
+                    tracing::info!(activity = a, item = r.item,
+                        "rebuilt with no units left, but units may be moving: sold-out flag not set yet");
+                }
             } else {
                 self.clear_sold_out(a, r.item).await?;
             }

@@ -467,14 +467,17 @@ impl App {
         }
         // Registered before the first take, so that no look at the shards marks the item
         // sold out while units are between a take and a give (`crate::transit`).
-        // Its deadline covers the round's worst case: per donor a fence read, a take, a
-        // second take after adopting a newer epoch and a give, each bounded by the
-        // deadline (a replica-acknowledged take's WAIT within it), and a second more.
-        let per_donor = 4 * self.config.redis.timeout_ms;
-        let lifetime = donors.len() as u64 * per_donor + 1000;
+        // Its deadline covers one donor's worst case, a fence read, a take, a second take
+        // after adopting a newer epoch and a give, each bounded by the deadline (a
+        // replica-acknowledged take's WAIT within it), and a second more; it is pushed
+        // back before each further donor.
+        let lifetime = 4 * self.config.redis.timeout_ms + 1000;
         let mark = Arc::new(MoveMark::begin(redis, a, item, lifetime).await?);
         let mut moved = 0i64;
-        for donor in donors {
+        for (k, donor) in donors.into_iter().enumerate() {
+            if k > 0 {
+                mark.extend(lifetime).await?;
+            }
             let want = u32::try_from(missing - moved)
                 .unwrap_or(u32::MAX)
                 .max(self.config.stock.rebalance_batch);
@@ -759,7 +762,7 @@ impl App {
 
     /// After a reservation emptied its shard: when every shard is empty, the item is
     /// sold out. Off the hot path.
-    fn spawn_sold_out_check(self: &Arc<Self>, entry: &Arc<ActivityEntry>, item: u64) {
+    pub(crate) fn spawn_sold_out_check(self: &Arc<Self>, entry: &Arc<ActivityEntry>, item: u64) {
         let app = self.clone();
         let (a, shards) = (entry.id(), entry.shards());
         tokio::spawn(async move {

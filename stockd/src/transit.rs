@@ -11,12 +11,12 @@
 //! the change count (`sk:{a}:changes:<s>`, raised by every round that moved units and
 //! every clear) moved during the look.
 //!
-//! A round's entry has a deadline: a stockd that dies in the middle of a move, or a
-//! give whose outcome is unknown (it may land late), leaves an entry that stops holding
-//! marks back after `donors × 4 × redis.timeout_ms + 1 s` (`donors`: the shards the
-//! round's read found units on; per donor a fence read, a take, a second take and a
-//! give, each bounded by the deadline). Taken units that were not given are lost until
-//! a rebuild counts them back, as before.
+//! A round's entry has a deadline, `4 × redis.timeout_ms + 1 s` from its begin and
+//! pushed back as much before each further donor (per donor a fence read, a take, a
+//! second take and a give, each bounded by the deadline): a stockd that dies in the
+//! middle of a move, or a give whose outcome is unknown (it may land late), leaves an
+//! entry that stops holding marks back after at most that. Taken units that were not
+//! given are lost until a rebuild counts them back, as before.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -58,10 +58,22 @@ impl MoveMark {
             moved: AtomicBool::new(false),
             ended: AtomicBool::new(false),
         };
-        redis
-            .call(MoveBeginCall::new(activity, item, &mark.id, lifetime_ms))
-            .await?;
+        mark.extend(lifetime_ms).await?;
         Ok(mark)
+    }
+
+    /// Moves the entry's deadline to `lifetime_ms` from now (the same call as the
+    /// begin: the entry is re-added under its id), before each further donor.
+    pub(crate) async fn extend(&self, lifetime_ms: u64) -> Result<()> {
+        self.redis
+            .call(MoveBeginCall::new(
+                self.activity,
+                self.item,
+                &self.id,
+                lifetime_ms,
+            ))
+            .await?;
+        Ok(())
     }
 
     /// A take of this round answered units, or may have taken some.

@@ -441,6 +441,10 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     )
     .await;
     assert!(!flagged(&redis, a, s).await, "flagged while units move");
+    // (The check looks again after 20, 100 and 500 ms; its refusals are not counted
+    // below.)
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!flagged(&redis, a, s).await, "flagged while units move");
 
     // A buyer whose home is empty: its rounds find nothing and may not mark either. (It
     // is told sold out once out of attempts, counted as a false sold-out.)
