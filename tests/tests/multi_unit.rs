@@ -37,6 +37,29 @@ async fn reserve_k(
     .map(|r| r.into_inner())
 }
 
+/// [`reserve_k`] as a client follows the contract: UNAVAILABLE means "retry with the same
+/// request id" (stockd answers it when concurrent multi-unit buyers kept taking the units
+/// its rounds gathered; more often on a loaded machine, where a round takes longer), so
+/// it is sent again, a few times.
+async fn reserve_k_retrying(
+    c: &mut StockClient,
+    at: (u64, u64),
+    user: &str,
+    req: &str,
+    quantity: u32,
+) -> Result<pb::ReserveResponse, tonic::Status> {
+    let mut tries = 0;
+    loop {
+        match reserve_k(c, at, user, req, quantity).await {
+            Err(e) if e.code() == tonic::Code::Unavailable && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// stockd's `GetStock` for item `s` of `a`.
 async fn stock_of(
     c: &mut StockClient,
@@ -125,7 +148,7 @@ async fn concurrent_k_unit_buyers_with_duplicate_clicks_never_oversell_and_the_s
         .map(|(user, req, k)| {
             let mut c = client.clone();
             async move {
-                let r = reserve_k(&mut c, (a, s), &user, &req, k).await;
+                let r = reserve_k_retrying(&mut c, (a, s), &user, &req, k).await;
                 (user, req, k, r)
             }
         })
