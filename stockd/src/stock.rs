@@ -398,13 +398,7 @@ impl App {
                 // declaring it sold out (or short). The change count is read first:
                 // the mark is refused when a move ran meanwhile or is still under way
                 // (units between a take and a give, which no look can see).
-                let changes = self.sold_out_changes(activity, item).await?;
-                let left: i64 = self
-                    .shard_stock(activity, item, shards)
-                    .await?
-                    .iter()
-                    .map(|&n| n.max(0))
-                    .sum();
+                let (changes, left) = self.look(activity, item, shards).await?;
                 if left >= i64::from(units) {
                     return Ok(Empty::Retry { moved: true });
                 }
@@ -702,6 +696,20 @@ impl App {
             .flatten())
     }
 
+    /// A look at every shard that may end in [`Self::mark_sold_out_settled`]: the change
+    /// count first, then the units the shards hold (a negative count as 0). The order is
+    /// what lets the mark refuse a look that a move or a return overlapped.
+    async fn look(&self, a: u64, s: u64, shards: u32) -> Result<(Option<String>, i64)> {
+        let changes = self.sold_out_changes(a, s).await?;
+        let left = self
+            .shard_stock(a, s, shards)
+            .await?
+            .iter()
+            .map(|&n| n.max(0))
+            .sum();
+        Ok((changes, left))
+    }
+
     /// Sets the sold-out key after a look that found every shard empty, unless the look
     /// may have missed units (`scripts/soldout_mark.lua`: a move under way, or the
     /// change count no longer `changes`, as read before the look). True when the flag
@@ -773,11 +781,8 @@ impl App {
                 // round, which marks it once they have landed.
                 for wait_ms in [0, 20, 100, 500] {
                     tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-                    let changes = app.sold_out_changes(a, item).await?;
-                    let stock = app.shard_stock(a, item, shards).await?;
-                    if stock.iter().any(|&n| n > 0)
-                        || app.mark_sold_out_settled(a, item, changes).await?
-                    {
+                    let (changes, left) = app.look(a, item, shards).await?;
+                    if left > 0 || app.mark_sold_out_settled(a, item, changes).await? {
                         break;
                     }
                 }

@@ -518,6 +518,16 @@ pub async fn set_sold_out_flag(redis: &fred::clients::Client, activity: u64, ite
 
 /// Entries in an activity's shard streams (reservations not yet taken by orderd), all
 /// `shards` together, read straight from Redis.
+/// Whether the sold-out flag of `(activity, item)` is set.
+pub async fn sold_out_flagged(redis: &fred::clients::Client, activity: u64, item: u64) -> bool {
+    use fred::interfaces::KeysInterface;
+    let n: i64 = redis
+        .exists(seckill_lua::keys::sold_out(activity, item))
+        .await
+        .expect("EXISTS sold-out flag");
+    n == 1
+}
+
 pub async fn stream_len(redis: &fred::clients::Client, activity: u64, shards: u32) -> i64 {
     use fred::interfaces::StreamsInterface;
     let mut n = 0;

@@ -20,8 +20,8 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, set_shard_stock, set_sold_out_flag, shard_stock, spawn_stockd,
-    stream_len, StockClient, StockdHandle,
+    create_published_activity, set_shard_stock, set_sold_out_flag, shard_stock, sold_out_flagged,
+    spawn_stockd, stream_len, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
@@ -330,11 +330,6 @@ async fn changes(redis: &Client, a: u64, s: u64) -> Option<String> {
     redis.get(keys::changes(a, s)).await.unwrap()
 }
 
-async fn flagged(redis: &Client, a: u64, s: u64) -> bool {
-    let n: i64 = redis.exists(keys::sold_out(a, s)).await.unwrap();
-    n == 1
-}
-
 /// The sold-out mark's contract (`soldout_mark.lua`), on a real cluster: refused while a
 /// move is under way (-1) and when the change count moved since the caller read it
 /// (-2); a move that took nothing does not move the count; every clear does; a move
@@ -369,7 +364,7 @@ async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look(
         -2,
         "units moved during the look"
     );
-    assert!(!flagged(&redis, a, s).await);
+    assert!(!sold_out_flagged(&redis, a, s).await);
     let read = changes(&redis, a, s).await;
     assert_eq!(read.as_deref(), Some("1"));
     assert_eq!(
@@ -378,11 +373,11 @@ async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look(
         "set by this call"
     );
     assert_eq!(eval_int(&redis, mark(read.clone())).await, 0, "set already");
-    assert!(flagged(&redis, a, s).await);
+    assert!(sold_out_flagged(&redis, a, s).await);
 
     // A unit comes back (a release): the clear counts a change.
     assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 1);
-    assert!(!flagged(&redis, a, s).await);
+    assert!(!sold_out_flagged(&redis, a, s).await);
     assert_eq!(eval_int(&redis, mark(read)).await, -2, "a unit came back");
     assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 0);
 
@@ -437,14 +432,20 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     wait_until_async(
         "the check after the sale",
         Duration::from_secs(10),
-        || async { refused() >= 1 || flagged(&redis, a, s).await },
+        || async { refused() >= 1 || sold_out_flagged(&redis, a, s).await },
     )
     .await;
-    assert!(!flagged(&redis, a, s).await, "flagged while units move");
+    assert!(
+        !sold_out_flagged(&redis, a, s).await,
+        "flagged while units move"
+    );
     // (The check looks again after 20, 100 and 500 ms; its refusals are not counted
     // below.)
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(!flagged(&redis, a, s).await, "flagged while units move");
+    assert!(
+        !sold_out_flagged(&redis, a, s).await,
+        "flagged while units move"
+    );
 
     // A buyer whose home is empty: its rounds find nothing and may not mark either. (It
     // is told sold out once out of attempts, counted as a false sold-out.)
@@ -453,7 +454,10 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
     assert!(refused() > before);
-    assert!(!flagged(&redis, a, s).await, "flagged while units move");
+    assert!(
+        !sold_out_flagged(&redis, a, s).await,
+        "flagged while units move"
+    );
     assert_eq!(h.metrics.false_sold_out.get(), 1);
 
     // The give lands on shard 3 and the round ends: the two units sell, then the flag.
@@ -470,7 +474,7 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     wait_until_async(
         "the flag once every unit sold",
         Duration::from_secs(10),
-        || async { flagged(&redis, a, s).await },
+        || async { sold_out_flagged(&redis, a, s).await },
     )
     .await;
     assert_eq!(stream_len(&redis, a, SHARDS).await, 3);
@@ -1269,11 +1273,7 @@ async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_
     let (a, s, redis) = (sale.a, sale.s, &sale.redis);
     let mut c = sale.c.clone();
     let reserved = sale.buy_out_homes("early").await;
-    let flag = keys::sold_out(a, s);
-    let flagged = || async {
-        let n: i64 = redis.exists(&flag).await.unwrap();
-        n == 1
-    };
+    let flagged = || sold_out_flagged(redis, a, s);
     assert!(!flagged().await);
 
     // The buyer gives up after 300 ms; the take runs when the pause ends, at 1500 ms.
@@ -1302,7 +1302,7 @@ async fn units_that_came_home_after_their_buyer_left_are_not_hidden_by_the_sold_
         paused_at.elapsed() < Duration::from_millis(1200),
         "set during the pause"
     );
-    let _: () = redis.set(&flag, "1", None, None, false).await.unwrap();
+    set_sold_out_flag(redis, a, s).await;
 
     // The give lands with nobody waiting: the units are on sale, and not hidden.
     let deadline = Instant::now() + Duration::from_secs(20);
