@@ -2,11 +2,21 @@
 -- A move is take (here) then give (give.lua) on another slot; a crash in between
 -- loses the units (undersell, repaired by recompute) but can never create one.
 --
+-- Units taken are in transit until the mover settles them (ZREM of its id, after its
+-- give and a raise of sk:{a}:changes:<s>): a look at the shards (look.lua) counts the
+-- live entries, so that no look finds every shard empty and marks the item sold out
+-- while units are between a take and a give. Written here, in the take's own atomic
+-- call, so that no call comes before it.
+--
 -- KEYS[1] fence   sk:{a:i}:fence
 -- KEYS[2] stock   sk:{a:i}:stock:<s>
 -- KEYS[3] seq     sk:{a:i}:seq
+-- KEYS[4] transit sk:{a:i}:transit:<s>  sorted set: move id -> deadline (Redis time, ms)
 -- ARGV[1] wanted units (>= 1), [2] an epoch ('' for none) and [3] the highest
--- sequence the caller has seen handed out in it (as for reserve.lua)
+-- sequence the caller has seen handed out in it (as for reserve.lua), [4] the move's
+-- id (unique per move), [5] its lifetime in ms (>= 1): past it the entry no longer
+-- counts (its mover died, or its give's outcome is unknown; units taken and not given
+-- are lost until a rebuild counts them back)
 --
 -- Returns {units taken (0 when empty), the shard's epoch (for the logs)};
 -- {-1, ''} when the shard's state is lost (no fence, or no stock key);
@@ -49,4 +59,17 @@ if left <= 0 then
 end
 local n = math.min(left, tonumber(ARGV[1]))
 redis.call('DECRBY', KEYS[2], n)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local life = tonumber(ARGV[5])
+-- Entries past their deadline belong to movers that died: swept, so the set stays
+-- small.
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+redis.call('ZADD', KEYS[4], now + life, ARGV[4])
+-- The key lives as long as its longest-lived entry: a shorter life only ever extends
+-- the TTL, never cuts it. (PTTL is -1 on the key ZADD just made. Not PEXPIRE GT: it
+-- takes a key without a TTL for an infinite one.)
+if redis.call('PTTL', KEYS[4]) < life then
+  redis.call('PEXPIRE', KEYS[4], life)
+end
 return {n, epoch}

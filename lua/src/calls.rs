@@ -10,8 +10,7 @@
 use crate::ids::ReservationId;
 use crate::keys;
 use crate::scripts::{
-    Script, GIVE, MOVE_BEGIN, MOVE_END, REBUILD, RELEASE, RESERVE, SOLDOUT_CLEAR, SOLDOUT_MARK,
-    TAKE, WARM,
+    Script, GIVE, LOOK, REBUILD, RELEASE, RESERVE, SOLDOUT_CLEAR, SOLDOUT_MARK, TAKE, WARM,
 };
 use crate::user::{RequestId, UserId};
 use crate::{ActivityId, ItemId, Shard};
@@ -212,23 +211,39 @@ impl TakeCall {
     /// Takes up to `units` of `item` out of shard `donor`, unless the shard is behind
     /// `seq`, the highest sequence the caller saw handed out there under `epoch`
     /// (`""`, 0 for none), or under another epoch than `epoch` (when one is given).
-    pub fn new(
-        activity: ActivityId,
-        donor: Shard,
-        item: ItemId,
-        units: u32,
-        epoch: &str,
-        seq: u64,
-    ) -> Self {
+    /// Units taken are in transit under move `id` (unique per move) for at most
+    /// `lifetime_ms` (at least 1), or until the mover settles them: `ZREM` of `id` from
+    /// [`keys::transit`], after its give and an `INCR` of [`keys::changes`].
+    pub fn new(activity: ActivityId, donor: Shard, item: ItemId, units: u32, at: TakeAt) -> Self {
         Self {
             keys: vec![
                 keys::fence(activity, donor),
                 keys::stock(activity, donor, item),
                 keys::seq(activity, donor),
+                keys::transit(activity, donor, item),
             ],
-            args: vec![units.to_string(), epoch.to_string(), seq.to_string()],
+            args: vec![
+                units.to_string(),
+                at.epoch.to_string(),
+                at.seq.to_string(),
+                at.id.to_string(),
+                at.lifetime_ms.max(1).to_string(),
+            ],
         }
     }
+}
+
+/// What a [`TakeCall`] checks the donor against, and the transit entry it writes.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeAt<'a> {
+    /// The donor's epoch as the caller saw it (`""` for none).
+    pub epoch: &'a str,
+    /// The highest sequence the caller saw handed out there under `epoch` (0 for none).
+    pub seq: u64,
+    /// The move's id, unique per move.
+    pub id: &'a str,
+    /// How long the units taken count as in transit at most.
+    pub lifetime_ms: u64,
 }
 
 impl Call for TakeCall {
@@ -439,59 +454,34 @@ impl Call for RebuildCall {
     }
 }
 
-/// MOVE_BEGIN (`scripts/move_begin.lua`): a move of units of `item` is under way until
-/// [`MoveEndCall`] or `lifetime_ms`.
+/// LOOK (`scripts/look.lua`): the units shard `shard` of `item` holds and its live
+/// entries in transit, read at once; answers `{units, in transit}`.
 #[derive(Debug, Clone)]
-pub struct MoveBeginCall {
+pub struct LookCall {
     keys: Vec<String>,
-    args: Vec<String>,
 }
 
-impl MoveBeginCall {
-    /// Move `id` (unique per move) of `item` in `activity`, held for at most
-    /// `lifetime_ms` (at least 1).
-    pub fn new(activity: ActivityId, item: ItemId, id: &str, lifetime_ms: u64) -> Self {
+impl LookCall {
+    pub fn new(activity: ActivityId, shard: Shard, item: ItemId) -> Self {
         Self {
-            keys: vec![keys::moving(activity, item)],
-            args: vec![id.to_string(), lifetime_ms.max(1).to_string()],
+            keys: vec![
+                keys::stock(activity, shard, item),
+                keys::transit(activity, shard, item),
+            ],
         }
     }
 }
 
-impl Call for MoveBeginCall {
-    const SCRIPT: Script = MOVE_BEGIN;
+impl Call for LookCall {
+    const SCRIPT: Script = LOOK;
     fn into_parts(self) -> (Vec<String>, Vec<String>) {
-        (self.keys, self.args)
+        (self.keys, Vec::new())
     }
 }
 
-/// MOVE_END (`scripts/move_end.lua`): move `id` is over; `moved` when it moved units or
-/// may have.
-#[derive(Debug, Clone)]
-pub struct MoveEndCall {
-    keys: Vec<String>,
-    args: Vec<String>,
-}
-
-impl MoveEndCall {
-    pub fn new(activity: ActivityId, item: ItemId, id: &str, moved: bool) -> Self {
-        Self {
-            keys: vec![keys::moving(activity, item), keys::changes(activity, item)],
-            args: vec![id.to_string(), if moved { "1" } else { "0" }.to_string()],
-        }
-    }
-}
-
-impl Call for MoveEndCall {
-    const SCRIPT: Script = MOVE_END;
-    fn into_parts(self) -> (Vec<String>, Vec<String>) {
-        (self.keys, self.args)
-    }
-}
-
-/// SOLDOUT_MARK (`scripts/soldout_mark.lua`): set the sold-out flag of `item` unless a
-/// move is under way or the change count is no longer `changes` (as read before the
-/// look at the shards; `None` when the key was missing).
+/// SOLDOUT_MARK (`scripts/soldout_mark.lua`): set the sold-out flag of `item` unless
+/// the change count is no longer `changes` (as read before the look at the shards;
+/// `None` when the key was missing).
 #[derive(Debug, Clone)]
 pub struct SoldOutMarkCall {
     keys: Vec<String>,
@@ -502,7 +492,6 @@ impl SoldOutMarkCall {
     pub fn new(activity: ActivityId, item: ItemId, changes: Option<&str>) -> Self {
         Self {
             keys: vec![
-                keys::moving(activity, item),
                 keys::changes(activity, item),
                 keys::sold_out(activity, item),
             ],
@@ -525,8 +514,6 @@ pub enum Marked {
     Set,
     /// The flag was set already.
     Already,
-    /// A move is between a take and a give: units may be on their way to a shard.
-    Moving,
     /// A move ended or units came back during the caller's look: look again.
     Changed,
 }
@@ -537,7 +524,6 @@ impl Marked {
         match n {
             1 => Some(Marked::Set),
             0 => Some(Marked::Already),
-            -1 => Some(Marked::Moving),
             -2 => Some(Marked::Changed),
             _ => None,
         }
@@ -635,12 +621,23 @@ mod tests {
 
     #[test]
     fn take_give_and_warm_calls_follow_their_scripts_headers() {
-        let (k, a) = TakeCall::new(7, 2, 11, 4, "e1", 9).into_parts();
+        let at = TakeAt {
+            epoch: "e1",
+            seq: 9,
+            id: "m1",
+            lifetime_ms: 0,
+        };
+        let (k, a) = TakeCall::new(7, 2, 11, 4, at).into_parts();
         assert_eq!(
             k,
-            [keys::fence(7, 2), keys::stock(7, 2, 11), keys::seq(7, 2)]
+            [
+                keys::fence(7, 2),
+                keys::stock(7, 2, 11),
+                keys::seq(7, 2),
+                keys::transit(7, 2, 11)
+            ]
         );
-        assert_eq!(a, ["4", "e1", "9"]);
+        assert_eq!(a, ["4", "e1", "9", "m1", "1"]);
         let (k, a) = GiveCall::new(7, 5, 11, 3, "e1").into_parts();
         assert_eq!(k, [keys::fence(7, 5), keys::stock(7, 5, 11)]);
         assert_eq!(a, ["3", "e1"]);
@@ -659,21 +656,11 @@ mod tests {
         assert_eq!(Given::from_reply(-1), Given::FenceMissing);
         assert_eq!(Given::from_reply(-2), Given::Stale);
         assert_eq!(Given::from_reply(5), Given::Units(5));
-        let (k, a) = MoveBeginCall::new(7, 11, "m1", 0).into_parts();
-        assert_eq!(k, [keys::moving(7, 11)]);
-        assert_eq!(a, ["m1", "1"]);
-        let (k, a) = MoveEndCall::new(7, 11, "m1", true).into_parts();
-        assert_eq!(k, [keys::moving(7, 11), keys::changes(7, 11)]);
-        assert_eq!(a, ["m1", "1"]);
+        let (k, a) = LookCall::new(7, 2, 11).into_parts();
+        assert_eq!(k, [keys::stock(7, 2, 11), keys::transit(7, 2, 11)]);
+        assert!(a.is_empty());
         let (k, a) = SoldOutMarkCall::new(7, 11, None).into_parts();
-        assert_eq!(
-            k,
-            [
-                keys::moving(7, 11),
-                keys::changes(7, 11),
-                keys::sold_out(7, 11)
-            ]
-        );
+        assert_eq!(k, [keys::changes(7, 11), keys::sold_out(7, 11)]);
         assert_eq!(a, [""]);
         let (k, a) = SoldOutClearCall::new(7, 11).into_parts();
         assert_eq!(k, [keys::sold_out(7, 11), keys::changes(7, 11)]);
@@ -681,12 +668,12 @@ mod tests {
         for (n, m) in [
             (1, Marked::Set),
             (0, Marked::Already),
-            (-1, Marked::Moving),
             (-2, Marked::Changed),
         ] {
             assert_eq!(Marked::from_reply(n), Some(m));
         }
         assert_eq!(Marked::from_reply(2), None);
+        assert_eq!(Marked::from_reply(-1), None);
         let mut w = WarmCall::new(7, 1, "e9", false);
         w.push(11, 10);
         w.push(12, 0);

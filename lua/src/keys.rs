@@ -54,14 +54,15 @@ pub fn sold_out(a: ActivityId, s: ItemId) -> String {
     format!("sk:{{{a}}}:soldout:{s}")
 }
 
-/// `sk:{a}:moving:<s>`: sorted set of the rebalancing moves of item `s` under way (move
-/// id -> deadline, Redis time in ms): units between a take and a give.
-pub fn moving(a: ActivityId, s: ItemId) -> String {
-    format!("sk:{{{a}}}:moving:{s}")
+/// `sk:{a:i}:transit:<s>`: sorted set of the rebalancing moves that took units of item
+/// `s` out of shard `i` and have not settled (move id -> deadline, Redis time in ms):
+/// units between a take and a give, on no shard. Written by the take itself.
+pub fn transit(a: ActivityId, i: Shard, s: ItemId) -> String {
+    format!("sk:{{{a}:{i}}}:transit:{s}")
 }
 
 /// `sk:{a}:changes:<s>`: count of the events that may put units of item `s` where a
-/// look at the shards had found none (a move that moved units ended, the flag was
+/// look at the shards had found none (a move that moved units settled, the flag was
 /// cleared); the sold-out mark is refused when it changed during the caller's look.
 pub fn changes(a: ActivityId, s: ItemId) -> String {
     format!("sk:{{{a}}}:changes:{s}")
@@ -218,8 +219,14 @@ mod tests {
     fn activity_wide_keys_share_the_activity_tag() {
         assert_eq!(hashed_part(&meta(9)), "9");
         assert_eq!(hashed_part(&sold_out(9, 3)), "9");
-        // The mark reads them in one script with the flag.
-        assert_eq!(hashed_part(&moving(9, 3)), "9");
+        // The mark reads the count in one script with the flag.
         assert_eq!(hashed_part(&changes(9, 3)), "9");
+    }
+
+    #[test]
+    fn units_in_transit_share_their_donor_shard_tag() {
+        // The take writes them in its own call, and a look reads them with the stock.
+        assert_eq!(hashed_part(&transit(9, 2, 3)), hashed_part(&stock(9, 2, 3)));
+        assert_eq!(hashed_part(&transit(9, 2, 3)), hashed_part(&fence(9, 2)));
     }
 }

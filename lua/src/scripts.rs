@@ -50,15 +50,11 @@ pub const REBUILD: Script = Script {
     body: include_str!("../scripts/rebuild.lua"),
 };
 
-/// A rebalancing move is about to take units: see `scripts/move_begin.lua`.
-pub const MOVE_BEGIN: Script = Script {
-    name: "move_begin",
-    body: include_str!("../scripts/move_begin.lua"),
-};
-/// A rebalancing move is over: see `scripts/move_end.lua`.
-pub const MOVE_END: Script = Script {
-    name: "move_end",
-    body: include_str!("../scripts/move_end.lua"),
+/// A shard's units and its units in transit, for a sold-out decision: see
+/// `scripts/look.lua`.
+pub const LOOK: Script = Script {
+    name: "look",
+    body: include_str!("../scripts/look.lua"),
 };
 /// Set the sold-out flag unless a move or a return may have been missed: see
 /// `scripts/soldout_mark.lua`.
@@ -87,15 +83,14 @@ pub const FLEET_SLOTS: Script = Script {
 };
 
 /// Every script, for loading at start-up.
-pub const ALL: [Script; 10] = [
+pub const ALL: [Script; 9] = [
     RESERVE,
     RELEASE,
     TAKE,
     GIVE,
     WARM,
     REBUILD,
-    MOVE_BEGIN,
-    MOVE_END,
+    LOOK,
     SOLDOUT_MARK,
     SOLDOUT_CLEAR,
 ];

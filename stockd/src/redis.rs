@@ -329,6 +329,19 @@ impl Redis {
             .sum())
     }
 
+    /// `INCR` of one key.
+    pub async fn incr(&self, key: String) -> Result<i64> {
+        self.deadline(self.client().incr::<i64, _>(key)).await
+    }
+
+    /// `ZREM` of one member; true when it was there.
+    pub async fn zrem(&self, key: String, member: &str) -> Result<bool> {
+        Ok(self
+            .deadline(self.client().zrem::<i64, _, _>(key, member))
+            .await?
+            > 0)
+    }
+
     /// `DEL` of one key; true when it existed.
     pub async fn del(&self, key: String) -> Result<bool> {
         Ok(self.deadline(self.client().del::<i64, _>(key)).await? > 0)

@@ -26,8 +26,8 @@ use futures::future::Either;
 use tokio::sync::oneshot;
 
 use seckill_lua::calls::{
-    GiveCall, Given, Marked, ReleaseCall, Released, SoldOutClearCall, SoldOutMarkCall, TakeCall,
-    Taken,
+    GiveCall, Given, LookCall, Marked, ReleaseCall, Released, SoldOutClearCall, SoldOutMarkCall,
+    TakeAt, TakeCall, Taken,
 };
 use seckill_lua::clock::now_ms;
 use seckill_lua::keys;
@@ -42,7 +42,7 @@ use crate::mover::{Outcome, Round, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
-use crate::transit::MoveMark;
+use crate::transit::{self, Look};
 
 /// What Reserve answers. Business outcomes, not errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,8 +107,9 @@ struct Move {
 enum Step {
     /// The donor had nothing.
     Empty,
-    /// Units (this many) went from the donor to the home shard.
-    Moved(i64),
+    /// Units (this many) went from the donor to the home shard; the move's record of
+    /// units in transit is being settled by this task ([`transit::settle`]).
+    Moved(i64, tokio::task::JoinHandle<()>),
     /// A shard's state is gone; a recompute was started.
     Lost,
 }
@@ -290,12 +291,12 @@ impl App {
             // shards hold now when it is short of the quantity; otherwise the caller
             // retries (concurrent multi-unit buyers took turns emptying each other's
             // home shards).
-            let left: i64 = Box::pin(self.shard_stock(activity, item, shards))
-                .await?
-                .iter()
-                .map(|&n| n.max(0))
-                .sum();
-            return match left {
+            // (Units in transit are neither: the caller retries.)
+            let look = Box::pin(self.look(activity, item, shards)).await?;
+            return match look.left {
+                _ if look.moving > 0 => Err(Error::Unavailable(format!(
+                    "units of item {item} are moving between shards; retry"
+                ))),
                 0 => Ok((Reserve::SoldOut, window)),
                 n if n < i64::from(quantity) => Ok((Reserve::NotEnough { remaining: n }, window)),
                 _ => Err(Error::Unavailable(format!(
@@ -395,17 +396,16 @@ impl App {
             Moved::Units => Ok(Empty::Retry { moved: true }),
             Moved::Nothing | Moved::Some => {
                 // Units may have moved since the round's read: look again before
-                // declaring it sold out (or short). The change count is read first:
-                // the mark is refused when a move ran meanwhile or is still under way
-                // (units between a take and a give, which no look can see).
-                let (changes, left) = self.look(activity, item, shards).await?;
-                if left >= i64::from(units) {
+                // declaring it sold out (or short). Units in transit (between a take
+                // and a give) count as neither: reserve again.
+                let look = self.look(activity, item, shards).await?;
+                if look.left >= i64::from(units) {
                     return Ok(Empty::Retry { moved: true });
                 }
-                if left > 0 {
-                    return Ok(Empty::NotEnough(left));
+                if look.left > 0 && look.moving == 0 {
+                    return Ok(Empty::NotEnough(look.left));
                 }
-                if !self.mark_sold_out_settled(activity, item, changes).await? {
+                if look.left > 0 || !self.mark_after_look(activity, item, look).await? {
                     // Units are moving, or moved during the look: reserve again.
                     return Ok(Empty::Retry { moved: true });
                 }
@@ -459,19 +459,12 @@ impl App {
         if donors.is_empty() {
             return Ok(Moved::Nothing);
         }
-        // Registered before the first take, so that no look at the shards marks the item
-        // sold out while units are between a take and a give (`crate::transit`).
-        // Its deadline covers one donor's worst case, a fence read, a take, a second take
-        // after adopting a newer epoch and a give, each bounded by the deadline (a
-        // replica-acknowledged take's WAIT within it), and a second more; it is pushed
-        // back before each further donor.
-        let lifetime = 4 * self.config.redis.timeout_ms + 1000;
-        let mark = Arc::new(MoveMark::begin(redis, a, item, lifetime).await?);
         let mut moved = 0i64;
-        for (k, donor) in donors.into_iter().enumerate() {
-            if k > 0 {
-                mark.extend(lifetime).await?;
-            }
+        // Each move's units in transit are settled by a task of its own after its give:
+        // in the background when the units came home; waited for otherwise, before the
+        // caller's look (which would count this round's own records).
+        let mut settles = Vec::new();
+        for donor in donors {
             let want = u32::try_from(missing - moved)
                 .unwrap_or(u32::MAX)
                 .max(self.config.stock.rebalance_batch);
@@ -490,21 +483,21 @@ impl App {
                     want,
                 },
                 caller,
-                Arc::clone(&mark),
             ));
             let step = task
                 .await
                 .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
             match step {
                 Step::Empty => continue,
-                Step::Moved(n) => {
+                Step::Moved(n, settle) => {
                     moved += n;
                     if moved >= missing {
                         round.claim_within(moved - missing);
-                        // The entry ends in the background (dropped here): the units
-                        // are home, and the callers reserve them meanwhile.
+                        // The records settle in the background: the units are home,
+                        // and the callers reserve them meanwhile.
                         return Ok(Moved::Units);
                     }
+                    settles.push(settle);
                 }
                 Step::Lost => {
                     return Err(Error::Unavailable(format!(
@@ -514,8 +507,10 @@ impl App {
             }
         }
         // The caller looks at the shards next and may mark the item sold out: this
-        // round's own entry must be gone first.
-        mark.end().await;
+        // round's own records must be gone first.
+        for settle in settles {
+            let _ = settle.await;
+        }
         Ok(if moved > 0 {
             Moved::Some
         } else {
@@ -536,7 +531,6 @@ impl App {
         entry: Arc<ActivityEntry>,
         m: Move,
         mut caller: oneshot::Receiver<()>,
-        mark: Arc<MoveMark>,
     ) -> Result<Step> {
         let Move {
             item,
@@ -560,13 +554,23 @@ impl App {
             }
         }
         let mut adopted = false;
+        // The units taken are in transit under this id until the give has landed and
+        // the record is settled, or for the record's lifetime (`crate::transit`).
+        let id = transit::move_id();
+        let lifetime_ms = transit::lifetime_ms(self.config.redis.timeout_ms);
         let (replicated, taken, epoch) = loop {
-            let take = TakeCall::new(a, donor, item, want, &hw.epoch, hw.seq);
+            let at = TakeAt {
+                epoch: &hw.epoch,
+                seq: hw.seq,
+                id: &id,
+                lifetime_ms,
+            };
+            let take = TakeCall::new(a, donor, item, want, at);
             let took = match redis.call_acked(take, &keys::fence(a, donor)).await {
                 Ok(took) => took,
                 Err(e) => {
-                    // Timed out or cut after the write: the take may have run.
-                    mark.moved();
+                    // Timed out or cut after the write: the take may have run (its
+                    // record, if any, is left to its deadline).
                     self.repair_after_move(&entry, "a rebalancing take failed");
                     return Err(e);
                 }
@@ -600,10 +604,7 @@ impl App {
                     )))
                 }
                 Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
-                Some(Taken::Units { units, epoch }) => {
-                    mark.moved();
-                    break (replicated, units, epoch);
-                }
+                Some(Taken::Units { units, epoch }) => break (replicated, units, epoch),
                 None => return Err(Error::Internal(format!("take answered {parts:?}"))),
             }
         };
@@ -630,9 +631,8 @@ impl App {
             Err(e) => {
                 // The give may not have run: the taken units would be gone for good. Or
                 // it may still land (a master that queued it past the deadline): the
-                // round's entry stays until its deadline instead of ending now, so no
+                // move's record stays until its deadline instead of settling now, so no
                 // look marks the item sold out before it lands.
-                mark.abandon();
                 self.repair_after_move(&entry, "a rebalancing give failed");
                 return Err(e);
             }
@@ -665,7 +665,11 @@ impl App {
                 tracing::warn!(a, item, error = %e, "cannot clear the sold-out flag");
             }
         }
-        Ok(Step::Moved(taken))
+        let settle = {
+            let redis = redis.clone();
+            tokio::spawn(async move { transit::settle(&redis, a, item, donor, &id).await })
+        };
+        Ok(Step::Moved(taken, settle))
     }
 
     async fn announce_sold_out(&self, a: u64, s: u64) -> Result<()> {
@@ -696,22 +700,42 @@ impl App {
             .flatten())
     }
 
-    /// A look at every shard that may end in [`Self::mark_sold_out_settled`]: the change
-    /// count first, then the units the shards hold (a negative count as 0). The order is
-    /// what lets the mark refuse a look that a move or a return overlapped.
-    async fn look(&self, a: u64, s: u64, shards: u32) -> Result<(Option<String>, i64)> {
+    /// A look at every shard that may end in [`Self::mark_after_look`]: the change
+    /// count first, then each shard's units and live records of units in transit, read
+    /// at once (`scripts/look.lua`). The order is what lets the mark refuse a look that
+    /// a move or a return overlapped (`crate::transit`).
+    pub(crate) async fn look(&self, a: u64, s: u64, shards: u32) -> Result<Look> {
         let changes = self.sold_out_changes(a, s).await?;
-        let left = self
-            .shard_stock(a, s, shards)
-            .await?
-            .iter()
-            .map(|&n| n.max(0))
-            .sum();
-        Ok((changes, left))
+        let redis = self.redis_at(a).await?;
+        let shards = (0..shards).map(|i| redis.call(LookCall::new(a, i, s)));
+        let mut look = Look {
+            changes,
+            ..Look::default()
+        };
+        for reply in futures::future::try_join_all(shards).await? {
+            let parts = array(reply)?;
+            let (Some(units), Some(moving)) = (parts.first(), parts.get(1)) else {
+                return Err(Error::Internal(format!("look answered {parts:?}")));
+            };
+            look.left += int(units)?.max(0);
+            look.moving += int(moving)?;
+        }
+        Ok(look)
     }
 
-    /// Sets the sold-out key after a look that found every shard empty, unless the look
-    /// may have missed units (`scripts/soldout_mark.lua`: a move under way, or the
+    /// Marks item `s` sold out after `look` found no units on any shard: refused
+    /// (false, counted) when units were in transit, or when the change count moved
+    /// ([`Self::mark_sold_out_settled`]).
+    pub(crate) async fn mark_after_look(&self, a: u64, s: u64, look: Look) -> Result<bool> {
+        if look.moving > 0 {
+            self.metrics.sold_out_marks_refused.inc();
+            return Ok(false);
+        }
+        self.mark_sold_out_settled(a, s, look.changes).await
+    }
+
+    /// Sets the sold-out key after a look that found every shard empty and nothing in
+    /// transit, unless the look may have missed units (`scripts/soldout_mark.lua`: the
     /// change count no longer `changes`, as read before the look). True when the flag
     /// is set (by this call, announced, or before); false when refused.
     pub(crate) async fn mark_sold_out_settled(
@@ -730,7 +754,7 @@ impl App {
                 Ok(true)
             }
             Some(Marked::Already) => Ok(true),
-            Some(Marked::Moving | Marked::Changed) => {
+            Some(Marked::Changed) => {
                 self.metrics.sold_out_marks_refused.inc();
                 Ok(false)
             }
@@ -781,8 +805,8 @@ impl App {
                 // round, which marks it once they have landed.
                 for wait_ms in [0, 20, 100, 500] {
                     tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-                    let (changes, left) = app.look(a, item, shards).await?;
-                    if left > 0 || app.mark_sold_out_settled(a, item, changes).await? {
+                    let look = app.look(a, item, shards).await?;
+                    if look.left > 0 || app.mark_after_look(a, item, look).await? {
                         break;
                     }
                 }

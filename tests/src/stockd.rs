@@ -516,6 +516,65 @@ pub async fn set_sold_out_flag(redis: &fred::clients::Client, activity: u64, ite
         .expect("SET sold-out flag");
 }
 
+/// A rebalancing take as stockd makes it, checked against `epoch` and `seq`, under a
+/// fresh move id with a minute's life in transit.
+pub fn take_call(
+    (activity, donor, item): (u64, u32, u64),
+    units: u32,
+    epoch: &str,
+    seq: u64,
+) -> seckill_lua::calls::TakeCall {
+    let id = format!("t{:x}", rand::random::<u32>());
+    let at = seckill_lua::calls::TakeAt {
+        epoch,
+        seq,
+        id: &id,
+        lifetime_ms: 60_000,
+    };
+    seckill_lua::calls::TakeCall::new(activity, donor, item, units, at)
+}
+
+/// A rebalancing take of `units` of item `item` from shard `donor` under move `id`, as
+/// another stockd runs it (`take.lua`, no epoch check): the units are on no shard, in
+/// transit for `lifetime_ms`, until [`settle_by_hand`]. Answers the units taken.
+pub async fn take_in_transit(
+    redis: &fred::clients::Client,
+    (activity, donor, item): (u64, u32, u64),
+    units: u32,
+    id: &str,
+    lifetime_ms: u64,
+) -> i64 {
+    use seckill_lua::calls::{TakeAt, TakeCall};
+    let at = TakeAt {
+        epoch: "",
+        seq: 0,
+        id,
+        lifetime_ms,
+    };
+    let took = crate::redis::call(redis, TakeCall::new(activity, donor, item, units, at))
+        .await
+        .into_array();
+    took[0].as_i64().expect("take answers a count")
+}
+
+/// Settles move `id`'s units in transit as its mover does after the give: the change
+/// count of the item first, then the record on the donor shard.
+pub async fn settle_by_hand(
+    redis: &fred::clients::Client,
+    (activity, donor, item): (u64, u32, u64),
+    id: &str,
+) {
+    use fred::interfaces::{KeysInterface, SortedSetsInterface};
+    let _: i64 = redis
+        .incr(seckill_lua::keys::changes(activity, item))
+        .await
+        .expect("INCR changes");
+    let _: i64 = redis
+        .zrem(seckill_lua::keys::transit(activity, donor, item), id)
+        .await
+        .expect("ZREM transit");
+}
+
 /// Entries in an activity's shard streams (reservations not yet taken by orderd), all
 /// `shards` together, read straight from Redis.
 /// Whether the sold-out flag of `(activity, item)` is set.

@@ -237,15 +237,15 @@ async fn the_holders_follow_a_returned_unit_and_its_new_buyer_on_every_edge() {
     assert_eq!(s.reservations_seen_by_stockd(), seen, "stockd was called");
 }
 
-/// An item whose shards are all empty while a rebalancing round is under way (a peer
-/// stockd took its units and has not given them yet: they are on no shard) is not sold
-/// out at the edge: the edge's read sees the round (`sk:{a}:moving:<s>`). Once the round
-/// is over (here its units were sold meanwhile, so the shards stay empty), it is.
-/// Before, the first read after the take answered 410 to every buyer until a read found
-/// the units again.
+/// An item whose shards are all empty while units are in transit (a peer stockd took
+/// them from a shard and has not given them yet: they are on no shard) is not sold out
+/// at the edge: the edge's read counts the take's record (`sk:{a:i}:transit:<s>`). Once
+/// the move has settled (here its units were sold meanwhile, so the shards stay empty),
+/// it is. Before, the first read after the take answered 410 to every buyer until a
+/// read found the units again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_item_whose_units_are_moving_is_not_sold_out_at_the_edge() {
-    use seckill_lua::calls::{MoveBeginCall, MoveEndCall};
+    use seckill_tests::stockd::{set_shard_stock, settle_by_hand, take_in_transit};
     init_tracing();
     let s = Stack::start().await;
     let act = s.open_activity(&[(2, 100)]).await;
@@ -253,15 +253,18 @@ async fn an_item_whose_units_are_moving_is_not_sold_out_at_the_edge() {
     gw.wait_activity(act.id).await;
     let (a, item) = (act.id, act.items[0].id);
     let redis = s.redis.client().await;
-    seckill_tests::redis::call(&redis, MoveBeginCall::new(a, item, "peer", 60_000)).await;
-    seckill_tests::stockd::set_shard_stock(&redis, a, item, &[0, 0]).await;
+    set_shard_stock(&redis, a, item, &[2, 0]).await;
+    assert_eq!(
+        take_in_transit(&redis, (a, 0, item), 2, "peer", 60_000).await,
+        2
+    );
     // Ten of the edge's reads (one every 100 ms): still on sale.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!sold_out_at(&gw, a).await, "sold out while its units move");
 
-    seckill_tests::redis::call(&redis, MoveEndCall::new(a, item, "peer", true)).await;
+    settle_by_hand(&redis, (a, 0, item), "peer").await;
     wait_until_async(
-        "sold out once the round is over",
+        "sold out once the move has settled",
         Duration::from_secs(10),
         || sold_out_at(&gw, a),
     )

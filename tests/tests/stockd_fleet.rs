@@ -15,7 +15,7 @@ use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::user_on_shard;
 use seckill_tests::stockd::{
     create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd, stock_status,
-    StockClient, StockdHandle,
+    take_call, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -329,7 +329,7 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
     // A take sent under the old epoch, run now: refused, nothing taken.
     let before = shard_stock(&redis, a, s, SHARDS).await;
     assert!(before[1] > 0, "{before:?}");
-    let (k, args) = TakeCall::new(a, 1, s, 1, &old, 1).into_parts();
+    let (k, args) = take_call((a, 1, s), 1, &old, 1).into_parts();
     let answer: Vec<fred::types::Value> = redis.eval(TakeCall::SCRIPT.body, k, args).await.unwrap();
     let (n, epoch) = (answer[0].as_i64(), answer[1].as_string());
     assert_eq!(n, Some(-3), "{answer:?}");
@@ -413,9 +413,11 @@ async fn a_stockds_first_take_on_a_donor_it_never_served_carries_the_donors_epoc
         .collect();
     assert!(!takes.is_empty(), "no take on the donor's master:\n{seen}");
     for line in takes {
-        // ... "EVALSHA" "<sha>" "3" "<fence>" "<stock>" "<seq>" "<units>" "<epoch>" "<seq>"
+        // ... "EVALSHA" "<sha>" "4" "<fence>" "<stock>" "<seq>" "<transit>" "<units>"
+        // "<epoch>" "<seq>" "<move id>" "<lifetime>"
         let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
-        assert_eq!(args.len(), 9, "{line}");
-        assert_eq!(args[7], donor_epoch, "the take's epoch: {line}");
+        assert_eq!(args.len(), 12, "{line}");
+        assert_eq!(args[2], "4", "{line}");
+        assert_eq!(args[8], donor_epoch, "the take's epoch: {line}");
     }
 }

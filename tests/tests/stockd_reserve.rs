@@ -11,17 +11,15 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use seckill_lua::calls::{
-    Call, MoveBeginCall, MoveEndCall, ReserveCall, SoldOutClearCall, SoldOutMarkCall,
-};
+use seckill_lua::calls::{Call, LookCall, ReserveCall, SoldOutClearCall, SoldOutMarkCall};
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, set_shard_stock, set_sold_out_flag, shard_stock, sold_out_flagged,
-    spawn_stockd, stream_len, StockClient, StockdHandle,
+    create_published_activity, set_shard_stock, set_sold_out_flag, settle_by_hand, shard_stock,
+    sold_out_flagged, spawn_stockd, stream_len, take_in_transit, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
@@ -330,35 +328,53 @@ async fn changes(redis: &Client, a: u64, s: u64) -> Option<String> {
     redis.get(keys::changes(a, s)).await.unwrap()
 }
 
-/// The sold-out mark's contract (`soldout_mark.lua`), on a real cluster: refused while a
-/// move is under way (-1) and when the change count moved since the caller read it
-/// (-2); a move that took nothing does not move the count; every clear does; a move
-/// entry past its deadline holds nothing back.
+/// A shard's look (`look.lua`): {units, live records of units in transit}.
+async fn look_at(redis: &Client, a: u64, i: u32, s: u64) -> (i64, i64) {
+    let reply = seckill_tests::redis::call(redis, LookCall::new(a, i, s))
+        .await
+        .into_array();
+    (reply[0].as_i64().unwrap(), reply[1].as_i64().unwrap())
+}
+
+/// The sold-out look's and mark's contract (`take.lua`, `look.lua`, `soldout_mark.lua`),
+/// on a real cluster: a take records the units it took as in transit on its donor, in
+/// its own call, and a look at that shard counts the record until the mover settles it
+/// or its deadline passes; a take that found nothing records nothing; a shorter record
+/// never cuts the key's life; expired records are swept. The mark is refused when the
+/// change count moved since the caller read it (a settle, every clear).
 #[tokio::test]
-async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look() {
+async fn units_in_transit_are_seen_by_a_look_and_a_changed_count_refuses_the_mark() {
     init_tracing();
     let cluster = RedisCluster::start();
     let redis = cluster.client().await;
     let (a, s) = (77, 5);
+    for i in 0..2 {
+        let _: () = redis
+            .set(keys::fence(a, i), "e1", None, None, false)
+            .await
+            .unwrap();
+    }
+    set_shard_stock(&redis, a, s, &[5, 0]).await;
     let mark = |c: Option<String>| SoldOutMarkCall::new(a, s, c.as_deref());
-
     let read = changes(&redis, a, s).await;
     assert_eq!(read, None);
-    assert_eq!(
-        eval_int(&redis, MoveBeginCall::new(a, s, "m1", 60_000)).await,
-        1
-    );
-    assert_eq!(
-        eval_int(&redis, mark(read.clone())).await,
-        -1,
-        "a move is under way"
-    );
-    // A second round that took nothing leaves without a change.
-    eval_int(&redis, MoveBeginCall::new(a, s, "m2", 60_000)).await;
-    eval_int(&redis, MoveEndCall::new(a, s, "m2", false)).await;
-    assert_eq!(changes(&redis, a, s).await, None);
-    // The first moved units: a look read before it ended may have missed them.
-    eval_int(&redis, MoveEndCall::new(a, s, "m1", true)).await;
+
+    // Three units leave shard 0: on no shard, but in transit there.
+    assert_eq!(take_in_transit(&redis, (a, 0, s), 3, "m1", 60_000).await, 3);
+    assert_eq!(look_at(&redis, a, 0, s).await, (2, 1));
+    assert_eq!(look_at(&redis, a, 1, s).await, (0, 0));
+    // A take from an empty shard records nothing.
+    assert_eq!(take_in_transit(&redis, (a, 1, s), 2, "m0", 60_000).await, 0);
+    let none: i64 = redis.zcard(keys::transit(a, 1, s)).await.unwrap();
+    assert_eq!(none, 0, "a take of nothing is not in transit");
+    // A missing stock key looks like an empty shard.
+    assert_eq!(look_at(&redis, a, 1, 99).await, (0, 0));
+
+    // The give lands on shard 1 and the move settles: the count moves first, so a mark
+    // decided from a look that began before the settle is refused.
+    let _: i64 = redis.incr_by(keys::stock(a, 1, s), 3).await.unwrap();
+    settle_by_hand(&redis, (a, 0, s), "m1").await;
+    assert_eq!(look_at(&redis, a, 0, s).await, (2, 0));
     assert_eq!(
         eval_int(&redis, mark(read)).await,
         -2,
@@ -381,31 +397,47 @@ async fn the_sold_out_mark_is_refused_while_units_move_or_moved_during_the_look(
     assert_eq!(eval_int(&redis, mark(read)).await, -2, "a unit came back");
     assert_eq!(eval_int(&redis, SoldOutClearCall::new(a, s)).await, 0);
 
-    // A mover that died: its entry holds marks back until its deadline only. A round
-    // with a longer life begun before it keeps the key alive (a shorter round never
-    // cuts the key's TTL) and holds marks back for its own life.
-    eval_int(&redis, SoldOutClearCall::new(a, s)).await;
-    let read = changes(&redis, a, s).await;
-    eval_int(&redis, MoveBeginCall::new(a, s, "long", 60_000)).await;
-    eval_int(&redis, MoveBeginCall::new(a, s, "dead", 1_500)).await;
+    // A mover that died: its record counts until its deadline only. A move with a
+    // longer life taken before it keeps the key alive (a shorter record never cuts the
+    // key's TTL) and counts for its own life.
+    assert_eq!(
+        take_in_transit(&redis, (a, 0, s), 1, "long", 60_000).await,
+        1
+    );
+    assert_eq!(
+        take_in_transit(&redis, (a, 0, s), 1, "dead", 1_500).await,
+        1
+    );
+    assert_eq!(look_at(&redis, a, 0, s).await, (0, 2));
     tokio::time::sleep(Duration::from_millis(1_800)).await;
     assert_eq!(
-        eval_int(&redis, mark(read.clone())).await,
-        -1,
-        "the long round is live"
+        look_at(&redis, a, 0, s).await,
+        (0, 1),
+        "the long move is live"
     );
-    eval_int(&redis, MoveEndCall::new(a, s, "long", false)).await;
-    // Only the dead round's entry is left, past its deadline: swept, and the mark passes.
-    assert_eq!(eval_int(&redis, mark(read)).await, 1);
-    let left: i64 = redis.zcard(keys::moving(a, s)).await.unwrap();
-    assert_eq!(left, 0, "expired entries are swept");
+    let ttl: i64 = redis.pttl(keys::transit(a, 0, s)).await.unwrap();
+    assert!(
+        ttl > 50_000,
+        "a shorter record cut the key's life: {ttl} ms"
+    );
+    // The next take sweeps the dead record.
+    set_shard_stock(&redis, a, s, &[1, 3]).await;
+    assert_eq!(
+        take_in_transit(&redis, (a, 0, s), 1, "next", 60_000).await,
+        1
+    );
+    let left: Vec<String> = redis
+        .zrange(keys::transit(a, 0, s), 0, -1, None, false, None, false)
+        .await
+        .unwrap();
+    assert_eq!(left, ["long", "next"], "expired records are swept");
 }
 
 /// Units between a take and a give are on no shard: a look at every shard then finds
-/// none. While a move is under way (registered as another stockd's round registers it:
-/// its taken units on no shard), neither the check after a reservation emptied its shard
-/// nor a round of a buyer whose home is empty sets the sold-out flag. Once the give has
-/// landed and the move ended, the units sell, and the flag is set when they are gone.
+/// none. While a move is under way (another stockd's take: its units on no shard, in
+/// transit on the donor), neither the check after a reservation emptied its shard nor a
+/// round of a buyer whose home is empty sets the sold-out flag. Once the give has landed
+/// and the move settled, the units sell, and the flag is set when they are gone.
 /// (Before, both looks set the flag, which buyers queued behind a round then heard as
 /// sold out, and which stockd's status reported, until somebody cleared it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,10 +451,13 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     let mut c = h.stock_client().await;
-    // The last unit on shard 5; two more taken from a donor by another stockd's round,
+    // The last unit on shard 5; two more taken from shard 2 by another stockd's move,
     // not given yet.
-    set_shard_stock(&redis, a, s, &[0, 0, 0, 0, 0, 1, 0, 0]).await;
-    eval_int(&redis, MoveBeginCall::new(a, s, "peer-round", 60_000)).await;
+    set_shard_stock(&redis, a, s, &[0, 0, 2, 0, 0, 1, 0, 0]).await;
+    assert_eq!(
+        take_in_transit(&redis, (a, 2, s), 2, "peer", 60_000).await,
+        2
+    );
     let refused = || h.metrics.sold_out_marks_refused.get();
 
     // The last unit of shard 5 sells; the check that follows finds every shard empty.
@@ -460,9 +495,9 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     );
     assert_eq!(h.metrics.false_sold_out.get(), 1);
 
-    // The give lands on shard 3 and the round ends: the two units sell, then the flag.
+    // The give lands on shard 3 and the move settles: the two units sell, then the flag.
     set_shard_stock(&redis, a, s, &[0, 0, 0, 2, 0, 0, 0, 0]).await;
-    eval_int(&redis, MoveEndCall::new(a, s, "peer-round", true)).await;
+    settle_by_hand(&redis, (a, 2, s), "peer").await;
     for k in 0..2 {
         let user = user_on_shard(&format!("after{k}"), 0, SHARDS);
         let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
@@ -877,15 +912,16 @@ impl FencesByHand {
 /// a release refuses a shard the rebuild holds closed (the reopen would undo it).
 #[tokio::test]
 async fn moves_and_releases_never_cross_a_rebuild() {
-    use seckill_lua::calls::{GiveCall, ReleaseCall, TakeCall};
+    use seckill_lua::calls::{GiveCall, ReleaseCall};
     use seckill_tests::redis::call;
+    use seckill_tests::stockd::take_call;
     let sale = FencesByHand::start(40).await;
     let (h, redis, a, s) = (&sale.stockd, &sale.redis, sale.a, sale.s);
     let epoch: String = redis.get(keys::fence(a, 0)).await.unwrap();
     assert_eq!(shard_stock(redis, a, s, 2).await, [20, 20]);
 
     // A take answers the epoch it took under; the give carries it.
-    let took = call(redis, TakeCall::new(a, 0, s, 3, &epoch, 0))
+    let took = call(redis, take_call((a, 0, s), 3, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(3));
@@ -899,7 +935,7 @@ async fn moves_and_releases_never_cross_a_rebuild() {
 
     // A take, then a rebuild reopens the home shard under a new epoch (with its own
     // count from MySQL): the give is refused and nothing is added.
-    let took = call(redis, TakeCall::new(a, 0, s, 2, &epoch, 0))
+    let took = call(redis, take_call((a, 0, s), 2, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(2));
@@ -920,7 +956,7 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     let _: i64 = redis.del(keys::stock(a, 1, s)).await.unwrap();
     let given = call(redis, GiveCall::new(a, 1, s, 2, &epoch)).await;
     assert_eq!(given.as_i64(), Some(-1));
-    let took = call(redis, TakeCall::new(a, 1, s, 2, &epoch, 0))
+    let took = call(redis, take_call((a, 1, s), 2, &epoch, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-1));
@@ -940,7 +976,7 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     // writes): nothing taken, the sequence found answered.
     let seq: Option<i64> = redis.get(keys::seq(a, 0)).await.unwrap();
     let seq = seq.unwrap_or(0);
-    let took = call(redis, TakeCall::new(a, 0, s, 2, &epoch, seq as u64 + 4))
+    let took = call(redis, take_call((a, 0, s), 2, &epoch, seq as u64 + 4))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-2));
@@ -954,7 +990,7 @@ async fn moves_and_releases_never_cross_a_rebuild() {
     call1.push(s, user_id("zoe"), request_id("r1"));
     let got = reserve_call(redis, call1).await;
     assert_eq!(got, [("BEHIND".into(), String::new(), 0)]);
-    let took = call(redis, TakeCall::new(a, 0, s, 2, &ahead, 0))
+    let took = call(redis, take_call((a, 0, s), 2, &ahead, 0))
         .await
         .into_array();
     assert_eq!(took[0].as_i64(), Some(-2));

@@ -245,19 +245,23 @@ pub(super) async fn poll_stock(
     if empty.is_empty() {
         return Ok(());
     }
-    // With each item's buyers, its rebalancing rounds under way (`sk:{a}:moving:<s>`,
-    // live entries): units between a take and a give are on no shard, so an item with
-    // a round under way is not taken for sold out on this read (stockd decides; the
-    // next read sees where the units landed). A round that ended between the two reads
-    // is missed: its units show on the next read, which puts the item back on sale.
+    // With each item's buyers, its units in transit (`sk:{a:i}:transit:<s>`, live
+    // records on each shard): units between a rebalancing take and its give are on no
+    // shard, so an item with some in transit is not taken for sold out on this read
+    // (stockd decides; the next read sees where the units landed). A move that settled
+    // between the two reads is missed: its units show on the next read, which puts the
+    // item back on sale.
     let now_ms = unix_ms() as f64;
     let pipe = c.pipeline();
     for (a, s, shards, _) in &empty {
         for i in 0..*shards {
             let _: () = pipe.hkeys(keys::buyers(*a, i, *s)).await?;
         }
-        // Deadlines are Redis times in ms; any bound past them all will do as the top.
-        let _: () = pipe.zcount(keys::moving(*a, *s), now_ms, 1e15).await?;
+        for i in 0..*shards {
+            // Deadlines are Redis times in ms; any bound past them all will do as the
+            // top.
+            let _: () = pipe.zcount(keys::transit(*a, i, *s), now_ms, 1e15).await?;
+        }
     }
     let values: Vec<Value> = pipe.all().await?;
     let mut it = values.into_iter();
@@ -277,7 +281,12 @@ pub(super) async fn poll_stock(
                 _ => complete = false,
             }
         }
-        let moving = it.next().and_then(|v| v.as_i64());
+        let mut moving = Some(0);
+        for _ in 0..shards {
+            moving = moving
+                .zip(it.next().and_then(|v| v.as_i64()))
+                .map(|(m, n)| m + n);
+        }
         if complete && moving == Some(0) {
             shared.catalog.set_holders(a, s, holders, seen);
         }
