@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 -- A look at one shard of item s, for a sold-out decision: the units it holds and the
 -- moves that took units out of it and have not settled (take.lua), read at once.
 -- Units in transit are on no shard: a look that counts them is not a look that found
@@ -7,7 +8,8 @@
 -- KEYS[2] transit sk:{a:i}:transit:<s>
 --
 -- Returns {units (0 for a missing key), live entries (deadline after now)}. Writes
--- nothing.
+-- nothing, and says so (the flag above): a master paused for writes (CLIENT PAUSE
+-- WRITE, as during a failover's hand-over) still answers it, as it answers a GET.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local units = tonumber(redis.call('GET', KEYS[1]) or '0')

@@ -227,8 +227,8 @@ impl App {
     }
 
     /// After a rebuild: the items it left without units get the sold-out check a
-    /// reservation that empties a shard gets (its own mark may have been refused while
-    /// a round was under way; the check sees the flag set and stops at once otherwise).
+    /// reservation that empties a shard gets (its own mark may have been refused when the
+    /// change count moved; the check sees the flag set and stops at once otherwise).
     fn look_after_rebuild(self: &Arc<Self>, entry: &Arc<ActivityEntry>, report: &[Rebuilt]) {
         for r in report.iter().filter(|r| r.stock == 0) {
             self.spawn_sold_out_check(entry, r.item);
@@ -495,12 +495,15 @@ impl App {
         }
         for (r, changes) in report.iter().zip(changes) {
             if r.stock == 0 {
-                // Refused when a round was under way (often the failed move that asked
-                // for this rebuild, whose entry waits for its deadline): the look that
-                // follows every rebuild (`Self::look_after_rebuild`) tries again.
+                // No look at the records of units in transit: the counts written come
+                // from MySQL and include them, and a give from before the rebuild is
+                // refused (the home shard's epoch changed). Refused when the change
+                // count moved since it was read (a release on a shard reopened
+                // meanwhile): the look that follows every rebuild
+                // (`Self::look_after_rebuild`) tries again.
                 if !self.mark_sold_out_settled(a, r.item, changes).await? {
                     tracing::info!(activity = a, item = r.item,
-                        "rebuilt with no units left, but units may be moving: sold-out flag not set yet");
+                        "rebuilt with no units left, but units came back meanwhile: sold-out flag not set yet");
                 }
             } else {
                 self.clear_sold_out(a, r.item).await?;

@@ -558,7 +558,7 @@ impl App {
         // the record is settled, or for the record's lifetime (`crate::transit`).
         let id = transit::move_id();
         let lifetime_ms = transit::lifetime_ms(self.config.redis.timeout_ms);
-        let (replicated, taken, epoch) = loop {
+        let (replicated, taken, epoch, sent) = loop {
             let at = TakeAt {
                 epoch: &hw.epoch,
                 seq: hw.seq,
@@ -566,6 +566,7 @@ impl App {
                 lifetime_ms,
             };
             let take = TakeCall::new(a, donor, item, want, at);
+            let sent = Instant::now();
             let took = match redis.call_acked(take, &keys::fence(a, donor)).await {
                 Ok(took) => took,
                 Err(e) => {
@@ -604,7 +605,7 @@ impl App {
                     )))
                 }
                 Some(Taken::Units { units: 0, .. }) => return Ok(Step::Empty),
-                Some(Taken::Units { units, epoch }) => break (replicated, units, epoch),
+                Some(Taken::Units { units, epoch }) => break (replicated, units, epoch, sent),
                 None => return Err(Error::Internal(format!("take answered {parts:?}"))),
             }
         };
@@ -623,6 +624,27 @@ impl App {
             self.repair_after_move(&entry, "a rebalancing take was not replicated");
             return Err(Error::Unavailable(
                 "rebalancing: the donor shard's replica did not acknowledge in time".into(),
+            ));
+        }
+        // The record counts for `lifetime_ms` from the take, and the give must land
+        // while it does, one look's spread (a deadline) before its end: a look that read
+        // the home shard before the give and the donor after the record expired would
+        // miss the units. The give itself is bounded by the deadline; the time before
+        // it is sent is not (a stalled runtime answers a timely reply late). Past the
+        // budget the units are held back (undersell) until the rebuild started here.
+        let budget = transit::give_budget_ms(self.config.redis.timeout_ms);
+        if sent.elapsed().as_millis() > u128::from(budget) {
+            tracing::warn!(
+                a,
+                item,
+                donor,
+                taken,
+                elapsed_ms = sent.elapsed().as_millis() as u64,
+                "rebalancing: the take answered too late to give; units held back, rebuilding"
+            );
+            self.repair_after_move(&entry, "a rebalancing take answered too late to give");
+            return Err(Error::Unavailable(
+                "rebalancing: the move ran out of time; retry".into(),
             ));
         }
         let give = GiveCall::new(a, home, item, taken, &home_epoch);

@@ -19,12 +19,20 @@
 //! then the count was raised either during the look (refused) or before it began (the
 //! give had landed, and the look saw the units at home).
 //!
-//! A record has a deadline, `3 × redis.timeout_ms + 1 s` after the take ran (the take's
-//! answer with its replica `WAIT`, the give and the raise, each bounded by the
-//! deadline, and a second more): a stockd that dies in the middle of a move, or a give
-//! whose outcome is unknown (it may land late), leaves a record that stops holding
+//! A record has a deadline, `3 × redis.timeout_ms + 1 s` after the take ran. What it
+//! must cover: the give has to land before the record stops counting, by at least one
+//! look's spread (a look's reads of the shards run at once, each within a deadline;
+//! one that read the home shard before the give and the donor after the record
+//! expired would miss the units). So the take's answer (with its replica `WAIT`) may
+//! take a deadline and a second ([`give_budget_ms`]; a later answer, from a stalled
+//! runtime, holds the units back instead of giving them), the give a deadline, and the
+//! look's spread a deadline. The settle's timing does not matter: a record outliving
+//! its give only holds marks back. A stockd that dies in the middle of a move, or a
+//! give whose outcome is unknown (it may land late), leaves a record that stops holding
 //! marks back after at most that. Taken units that were not given are lost until a
-//! rebuild counts them back, as always.
+//! rebuild counts them back, as always. Every stockd and gateway of a fleet is
+//! expected to run the same `redis.timeout_ms` (a looker with a longer one spreads its
+//! reads wider than a mover's records allow for).
 //!
 //! (The first version registered each round on the activity's slot before its first
 //! take: one more round trip before every move, which widened the window in which
@@ -38,6 +46,12 @@ use crate::redis::Redis;
 /// A record's lifetime for a deadline of `timeout_ms` per Redis call.
 pub(crate) fn lifetime_ms(timeout_ms: u64) -> u64 {
     3 * timeout_ms + 1000
+}
+
+/// The longest a mover may take from sending its take to sending its give: the
+/// record's life less the give's deadline and one look's spread.
+pub(crate) fn give_budget_ms(timeout_ms: u64) -> u64 {
+    lifetime_ms(timeout_ms) - 2 * timeout_ms
 }
 
 /// A fresh move id (unique per move).

@@ -253,16 +253,17 @@ async fn an_item_whose_units_are_moving_is_not_sold_out_at_the_edge() {
     gw.wait_activity(act.id).await;
     let (a, item) = (act.id, act.items[0].id);
     let redis = s.redis.client().await;
-    set_shard_stock(&redis, a, item, &[2, 0]).await;
+    // Taken from the last shard (the edge reads every shard's records).
+    set_shard_stock(&redis, a, item, &[0, 2]).await;
     assert_eq!(
-        take_in_transit(&redis, (a, 0, item), 2, "peer", 60_000).await,
+        take_in_transit(&redis, (a, 1, item), 2, "peer", 60_000).await,
         2
     );
     // Ten of the edge's reads (one every 100 ms): still on sale.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!sold_out_at(&gw, a).await, "sold out while its units move");
 
-    settle_by_hand(&redis, (a, 0, item), "peer").await;
+    settle_by_hand(&redis, (a, 1, item), "peer").await;
     wait_until_async(
         "sold out once the move has settled",
         Duration::from_secs(10),

@@ -37,6 +37,9 @@ async fn reserve_k(
     .map(|r| r.into_inner())
 }
 
+/// UNAVAILABLE answers [`reserve_k_retrying`] retried, reported with the crowd's outcome.
+static RETRIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// [`reserve_k`] as a client follows the contract: UNAVAILABLE means "retry with the same
 /// request id" (stockd answers it when concurrent multi-unit buyers kept taking the units
 /// its rounds gathered; more often on a loaded machine, where a round takes longer), so
@@ -53,6 +56,7 @@ async fn reserve_k_retrying(
         match reserve_k(c, at, user, req, quantity).await {
             Err(e) if e.code() == tonic::Code::Unavailable && tries < 5 => {
                 tries += 1;
+                RETRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
             }
             r => return r,
@@ -207,10 +211,12 @@ async fn concurrent_k_unit_buyers_with_duplicate_clicks_never_oversell_and_the_s
         count(ReserveOutcome::NotEnough),
     );
     eprintln!(
-        "multi-unit crowd: {} users hold {} units; {dups} DUPLICATE, {short} NOT_ENOUGH, {} SOLD_OUT",
+        "multi-unit crowd: {} users hold {} units; {dups} DUPLICATE, {short} NOT_ENOUGH, {} SOLD_OUT; \
+         {} UNAVAILABLE retried",
         held.len(),
         held.values().map(|(_, k)| *k).sum::<u32>(),
-        count(ReserveOutcome::SoldOut)
+        count(ReserveOutcome::SoldOut),
+        RETRIED.load(std::sync::atomic::Ordering::Relaxed)
     );
     // Every user who holds a reservation clicked under two request ids: the other one
     // was a DUPLICATE (or the same reservation's resend).

@@ -446,7 +446,8 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     const SHARDS: u32 = 8;
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    // A long deadline (records live 3 × 5 s + 1 s): see the move's settle below.
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 5_000).await;
     let act = create_published_activity(&h, &[(80, 500)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
@@ -503,6 +504,19 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
         let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
         assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
     }
+    // Those two came by this stockd's own move from shard 3: its take recorded them in
+    // transit there, and it settled after its give. (The records' life is 3 × 5 s + 1 s
+    // here: gone within 10 s means removed, not expired.)
+    assert!(takes(&h) >= 1);
+    wait_until_async(
+        "this stockd's move settled",
+        Duration::from_secs(10),
+        || async {
+            let left: i64 = redis.zcard(keys::transit(a, 3, s)).await.unwrap();
+            left == 0
+        },
+    )
+    .await;
     let user = user_on_shard("too-late", 1, SHARDS);
     let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::SoldOut);

@@ -250,17 +250,18 @@ pub(super) async fn poll_stock(
     // shard, so an item with some in transit is not taken for sold out on this read
     // (stockd decides; the next read sees where the units landed). A move that settled
     // between the two reads is missed: its units show on the next read, which puts the
-    // item back on sale.
-    let now_ms = unix_ms() as f64;
+    // item back on sale. Every record counts, live or past its deadline (the deadlines
+    // are Redis time; comparing them with this host's clock would let a clock ahead of
+    // Redis ignore live ones): a dead mover's record holds the edge's sold-out answer
+    // back until the next take on that shard sweeps it or the key expires (one
+    // record's life, 2.5 s with stockd's defaults); stockd answers meanwhile.
     let pipe = c.pipeline();
     for (a, s, shards, _) in &empty {
         for i in 0..*shards {
             let _: () = pipe.hkeys(keys::buyers(*a, i, *s)).await?;
         }
         for i in 0..*shards {
-            // Deadlines are Redis times in ms; any bound past them all will do as the
-            // top.
-            let _: () = pipe.zcount(keys::transit(*a, i, *s), now_ms, 1e15).await?;
+            let _: () = pipe.zcard(keys::transit(*a, i, *s)).await?;
         }
     }
     let values: Vec<Value> = pipe.all().await?;
