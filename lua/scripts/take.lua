@@ -2,8 +2,8 @@
 -- A move is take (here) then give (give.lua) on another slot; a crash in between
 -- loses the units (undersell, repaired by recompute) but can never create one.
 --
--- Units taken are in transit until the mover settles them (ZREM of its id, after its
--- give and a raise of sk:{a}:changes:<s>): a look at the shards (look.lua) counts the
+-- Units taken are in transit until the mover settles them (ZREM of "<id>:<units>", after
+-- its give and a raise of sk:{a}:changes:<s>): a look at the shards (look.lua) counts the
 -- live entries, so that no look finds every shard empty and marks the item sold out
 -- while units are between a take and a give. Written here, in the take's own atomic
 -- call, so that no call comes before it.
@@ -11,7 +11,8 @@
 -- KEYS[1] fence   sk:{a:i}:fence
 -- KEYS[2] stock   sk:{a:i}:stock:<s>
 -- KEYS[3] seq     sk:{a:i}:seq
--- KEYS[4] transit sk:{a:i}:transit:<s>  sorted set: move id -> deadline (Redis time, ms)
+-- KEYS[4] transit sk:{a:i}:transit:<s>  sorted set: "<move id>:<units taken>" ->
+--                                        deadline (Redis time, ms)
 -- ARGV[1] wanted units (>= 1), [2] an epoch ('' for none) and [3] the highest
 -- sequence the caller has seen handed out in it (as for reserve.lua), [4] the move's
 -- id (unique per move), [5] its lifetime in ms (>= 1): past it the entry no longer
@@ -65,7 +66,7 @@ local life = tonumber(ARGV[5])
 -- Entries past their deadline belong to movers that died: swept, so the set stays
 -- small.
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-redis.call('ZADD', KEYS[4], now + life, ARGV[4])
+redis.call('ZADD', KEYS[4], now + life, ARGV[4] .. ':' .. n)
 -- The key lives as long as its longest-lived entry: a shorter life only ever extends
 -- the TTL, never cuts it. (PTTL is -1 on the key ZADD just made. Not PEXPIRE GT: it
 -- takes a key without a TTL for an infinite one.)

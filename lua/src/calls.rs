@@ -212,8 +212,9 @@ impl TakeCall {
     /// `seq`, the highest sequence the caller saw handed out there under `epoch`
     /// (`""`, 0 for none), or under another epoch than `epoch` (when one is given).
     /// Units taken are in transit under move `id` (unique per move) for at most
-    /// `lifetime_ms` (at least 1), or until the mover settles them: `ZREM` of `id` from
-    /// [`keys::transit`], after its give and an `INCR` of [`keys::changes`].
+    /// `lifetime_ms` (at least 1), or until the mover settles them: `ZREM` of
+    /// [`transit_record`] from [`keys::transit`], after its give and an `INCR` of
+    /// [`keys::changes`].
     pub fn new(activity: ActivityId, donor: Shard, item: ItemId, units: u32, at: TakeAt) -> Self {
         Self {
             keys: vec![
@@ -231,6 +232,11 @@ impl TakeCall {
             ],
         }
     }
+}
+
+/// The record of move `id`'s `units` in transit, as the take writes it.
+pub fn transit_record(id: &str, units: i64) -> String {
+    format!("{id}:{units}")
 }
 
 /// What a [`TakeCall`] checks the donor against, and the transit entry it writes.
@@ -455,7 +461,8 @@ impl Call for RebuildCall {
 }
 
 /// LOOK (`scripts/look.lua`): the units shard `shard` of `item` holds and its live
-/// entries in transit, read at once; answers `{units, in transit}`.
+/// records of units in transit, read at once; answers `{units, records, units in
+/// transit}`.
 #[derive(Debug, Clone)]
 pub struct LookCall {
     keys: Vec<String>,

@@ -291,14 +291,13 @@ impl App {
             // shards hold now when it is short of the quantity; otherwise the caller
             // retries (concurrent multi-unit buyers took turns emptying each other's
             // home shards).
-            // (Units in transit are neither: the caller retries.)
+            // (Units in transit count: they are on their way to a shard.)
             let look = Box::pin(self.look(activity, item, shards)).await?;
-            return match look.left {
-                _ if look.moving > 0 => Err(Error::Unavailable(format!(
-                    "units of item {item} are moving between shards; retry"
-                ))),
-                0 => Ok((Reserve::SoldOut, window)),
-                n if n < i64::from(quantity) => Ok((Reserve::NotEnough { remaining: n }, window)),
+            return match look.left + look.in_transit {
+                0 if look.moving == 0 => Ok((Reserve::SoldOut, window)),
+                n if n > 0 && n < i64::from(quantity) => {
+                    Ok((Reserve::NotEnough { remaining: n }, window))
+                }
                 _ => Err(Error::Unavailable(format!(
                     "could not gather {quantity} units on one shard under contention; retry"
                 ))),
@@ -397,15 +396,17 @@ impl App {
             Moved::Nothing | Moved::Some => {
                 // Units may have moved since the round's read: look again before
                 // declaring it sold out (or short). Units in transit (between a take
-                // and a give) count as neither: reserve again.
+                // and a give) are on their way to a shard: they count toward what the
+                // shards hold together, and the item is not sold out.
                 let look = self.look(activity, item, shards).await?;
-                if look.left >= i64::from(units) {
+                let total = look.left + look.in_transit;
+                if total >= i64::from(units) {
                     return Ok(Empty::Retry { moved: true });
                 }
-                if look.left > 0 && look.moving == 0 {
-                    return Ok(Empty::NotEnough(look.left));
+                if total > 0 {
+                    return Ok(Empty::NotEnough(total));
                 }
-                if look.left > 0 || !self.mark_after_look(activity, item, look).await? {
+                if !self.mark_after_look(activity, item, look).await? {
                     // Units are moving, or moved during the look: reserve again.
                     return Ok(Empty::Retry { moved: true });
                 }
@@ -689,7 +690,7 @@ impl App {
         }
         let settle = {
             let redis = redis.clone();
-            tokio::spawn(async move { transit::settle(&redis, a, item, donor, &id).await })
+            tokio::spawn(async move { transit::settle(&redis, (a, item, donor), &id, taken).await })
         };
         Ok(Step::Moved(taken, settle))
     }
@@ -736,11 +737,14 @@ impl App {
         };
         for reply in futures::future::try_join_all(shards).await? {
             let parts = array(reply)?;
-            let (Some(units), Some(moving)) = (parts.first(), parts.get(1)) else {
+            let (Some(units), Some(moving), Some(in_transit)) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
                 return Err(Error::Internal(format!("look answered {parts:?}")));
             };
             look.left += int(units)?.max(0);
             look.moving += int(moving)?;
+            look.in_transit += int(in_transit)?;
         }
         Ok(look)
     }

@@ -39,6 +39,7 @@
 //! concurrent multi-unit buyers took each other's gathered units. The record now rides
 //! on the take.)
 
+use seckill_lua::calls::transit_record;
 use seckill_lua::keys;
 
 use crate::redis::Redis;
@@ -59,13 +60,15 @@ pub(crate) fn move_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// Settles move `id`'s record on `donor` after its give landed: raises the change count
-/// of item `s`, then removes the record. A failure leaves the record to its deadline
-/// (the raise must come first: without it, the record may not go).
-pub(crate) async fn settle(redis: &Redis, a: u64, s: u64, donor: u32, id: &str) {
+/// Settles move `id`'s record of `units` on `donor` after its give landed: raises the
+/// change count of item `s`, then removes the record. A failure leaves the record to
+/// its deadline (the raise must come first: without it, the record may not go).
+pub(crate) async fn settle(redis: &Redis, (a, s, donor): (u64, u64, u32), id: &str, units: i64) {
     let settled = async {
         redis.incr(keys::changes(a, s)).await?;
-        redis.zrem(keys::transit(a, donor, s), id).await
+        redis
+            .zrem(keys::transit(a, donor, s), &transit_record(id, units))
+            .await
     };
     if let Err(e) = settled.await {
         tracing::warn!(a, s, donor, error = %e,
@@ -82,4 +85,6 @@ pub(crate) struct Look {
     pub left: i64,
     /// Moves that took units out of a shard and have not settled.
     pub moving: i64,
+    /// The units those moves took: on no shard, but not sold either.
+    pub in_transit: i64,
 }

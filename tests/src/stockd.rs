@@ -557,12 +557,13 @@ pub async fn take_in_transit(
     took[0].as_i64().expect("take answers a count")
 }
 
-/// Settles move `id`'s units in transit as its mover does after the give: the change
+/// Settles move `id`'s `units` in transit as its mover does after the give: the change
 /// count of the item first, then the record on the donor shard.
 pub async fn settle_by_hand(
     redis: &fred::clients::Client,
     (activity, donor, item): (u64, u32, u64),
     id: &str,
+    units: i64,
 ) {
     use fred::interfaces::{KeysInterface, SortedSetsInterface};
     let _: i64 = redis
@@ -570,7 +571,10 @@ pub async fn settle_by_hand(
         .await
         .expect("INCR changes");
     let _: i64 = redis
-        .zrem(seckill_lua::keys::transit(activity, donor, item), id)
+        .zrem(
+            seckill_lua::keys::transit(activity, donor, item),
+            seckill_lua::calls::transit_record(id, units),
+        )
         .await
         .expect("ZREM transit");
 }

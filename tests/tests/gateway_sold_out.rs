@@ -263,7 +263,7 @@ async fn an_item_whose_units_are_moving_is_not_sold_out_at_the_edge() {
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!sold_out_at(&gw, a).await, "sold out while its units move");
 
-    settle_by_hand(&redis, (a, 1, item), "peer").await;
+    settle_by_hand(&redis, (a, 1, item), "peer", 2).await;
     wait_until_async(
         "sold out once the move has settled",
         Duration::from_secs(10),

@@ -465,24 +465,48 @@ async fn per_user_limit_is_1_to_100() {
     }
 }
 
+/// One stockd selling one item of `units` over `shards`, 5 units per user at most.
+struct LimitedSale {
+    cluster: RedisCluster,
+    db: TestDb,
+    stockd: seckill_tests::stockd::StockdHandle,
+    a: u64,
+    s: u64,
+}
+
+impl LimitedSale {
+    async fn start(units: u32, shards: u32) -> Self {
+        init_tracing();
+        let cluster = RedisCluster::start();
+        let db = TestDb::create().await;
+        let stockd = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+        let mut admin = stockd.admin_client().await;
+        let act = create_published_activity_limited(
+            &mut admin,
+            &[(units, PRICE)],
+            shards,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+            5,
+        )
+        .await;
+        let (a, s) = (act.id, act.items[0].id);
+        Self {
+            cluster,
+            db,
+            stockd,
+            a,
+            s,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rebuild_from_mysql_counts_units_of_reservations_in_flight_and_of_orders() {
-    init_tracing();
-    let cluster = RedisCluster::start();
-    let db = TestDb::create().await;
-    let stockd = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     const SHARDS: u32 = 4;
+    let sale = LimitedSale::start(10, SHARDS).await;
+    let (cluster, db, stockd, a, s) = (&sale.cluster, &sale.db, &sale.stockd, sale.a, sale.s);
     let mut admin = stockd.admin_client().await;
-    let act = create_published_activity_limited(
-        &mut admin,
-        &[(10, PRICE)],
-        SHARDS,
-        Duration::ZERO,
-        Duration::from_secs(3600),
-        5,
-    )
-    .await;
-    let (a, s) = (act.id, act.items[0].id);
     let mut c = stockd.stock_client().await;
     let redis = cluster.client().await;
     let alice = reserve_k(&mut c, (a, s), "alice", "r1", 3).await.unwrap();
@@ -525,7 +549,7 @@ async fn a_rebuild_from_mysql_counts_units_of_reservations_in_flight_and_of_orde
     );
 
     // orderd writes the orders; a repair rebuilds from the active orders' units.
-    let _orderd = spawn_orderd(&Deps::new(&cluster, &db), |_| {}).await;
+    let _orderd = spawn_orderd(&Deps::new(cluster, db), |_| {}).await;
     wait_until_async("orders written", Duration::from_secs(30), || {
         let db = &db;
         async move { order_facts(db, s).await.0 == 2 + zed_units }
@@ -574,4 +598,36 @@ async fn a_rebuild_from_mysql_counts_units_of_reservations_in_flight_and_of_orde
         .into_inner();
     assert_eq!(released.outcome(), pb::ReleaseOutcome::Released);
     assert_eq!(redis_units(&redis, a, s, SHARDS).await, 8 - zed_units);
+}
+
+/// Units in transit (another stockd's take, not given yet: on no shard) count toward what
+/// a k-unit buyer is told remains: with every shard empty and 2 units in transit, a buyer
+/// of 3 is told NOT_ENOUGH with 2 remaining, neither SOLD_OUT nor to retry; once the give
+/// has landed and the move settled, a buyer of 2 gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_in_transit_count_toward_what_a_multi_unit_buyer_is_told_remains() {
+    use seckill_tests::stockd::{set_shard_stock, settle_by_hand, take_in_transit};
+    let sale = LimitedSale::start(8, 4).await;
+    let (a, s) = (sale.a, sale.s);
+    let mut c = sale.stockd.stock_client().await;
+    let redis = sale.cluster.client().await;
+    set_shard_stock(&redis, a, s, &[0, 0, 2, 0]).await;
+    assert_eq!(
+        take_in_transit(&redis, (a, 2, s), 2, "peer", 60_000).await,
+        2
+    );
+    let r = reserve_k(&mut c, (a, s), "bob", "r1", 3).await.unwrap();
+    assert_eq!(
+        (r.outcome(), r.item_remaining),
+        (ReserveOutcome::NotEnough, 2),
+        "{r:?}"
+    );
+    assert!(!seckill_tests::stockd::sold_out_flagged(&redis, a, s).await);
+
+    // The give lands on shard 1 and the move settles.
+    set_shard_stock(&redis, a, s, &[0, 2, 0, 0]).await;
+    settle_by_hand(&redis, (a, 2, s), "peer", 2).await;
+    let r = reserve_k(&mut c, (a, s), "bob", "r2", 2).await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{r:?}");
+    assert_eq!(r.quantity, 2);
 }
