@@ -294,10 +294,8 @@ impl App {
             // (Units in transit count: they are on their way to a shard.)
             let look = Box::pin(self.look(activity, item, shards)).await?;
             return match look.left + look.in_transit {
-                0 if look.moving == 0 => Ok((Reserve::SoldOut, window)),
-                n if n > 0 && n < i64::from(quantity) => {
-                    Ok((Reserve::NotEnough { remaining: n }, window))
-                }
+                0 => Ok((Reserve::SoldOut, window)),
+                n if n < i64::from(quantity) => Ok((Reserve::NotEnough { remaining: n }, window)),
                 _ => Err(Error::Unavailable(format!(
                     "could not gather {quantity} units on one shard under contention; retry"
                 ))),
@@ -737,13 +735,12 @@ impl App {
         };
         for reply in futures::future::try_join_all(shards).await? {
             let parts = array(reply)?;
-            let (Some(units), Some(moving), Some(in_transit)) =
-                (parts.first(), parts.get(1), parts.get(2))
-            else {
+            // (The second value, the count of live records, is not needed here: their
+            // units say as much.)
+            let (Some(units), Some(in_transit)) = (parts.first(), parts.get(2)) else {
                 return Err(Error::Internal(format!("look answered {parts:?}")));
             };
             look.left += int(units)?.max(0);
-            look.moving += int(moving)?;
             look.in_transit += int(in_transit)?;
         }
         Ok(look)
@@ -753,7 +750,7 @@ impl App {
     /// (false, counted) when units were in transit, or when the change count moved
     /// ([`Self::mark_sold_out_settled`]).
     pub(crate) async fn mark_after_look(&self, a: u64, s: u64, look: Look) -> Result<bool> {
-        if look.moving > 0 {
+        if look.in_transit > 0 {
             self.metrics.sold_out_marks_refused.inc();
             return Ok(false);
         }

@@ -83,8 +83,8 @@ pub(crate) struct Look {
     pub changes: Option<String>,
     /// Units the shards hold (a negative count as 0).
     pub left: i64,
-    /// Moves that took units out of a shard and have not settled.
-    pub moving: i64,
-    /// The units those moves took: on no shard, but not sold either.
+    /// The units of the moves that took units out of a shard and have not settled: on
+    /// no shard, but not sold either. (Every record holds at least one unit, so none in
+    /// transit means no move under way.)
     pub in_transit: i64,
 }

@@ -579,8 +579,6 @@ pub async fn settle_by_hand(
         .expect("ZREM transit");
 }
 
-/// Entries in an activity's shard streams (reservations not yet taken by orderd), all
-/// `shards` together, read straight from Redis.
 /// Whether the sold-out flag of `(activity, item)` is set.
 pub async fn sold_out_flagged(redis: &fred::clients::Client, activity: u64, item: u64) -> bool {
     use fred::interfaces::KeysInterface;
@@ -591,6 +589,8 @@ pub async fn sold_out_flagged(redis: &fred::clients::Client, activity: u64, item
     n == 1
 }
 
+/// Entries in an activity's shard streams (reservations not yet taken by orderd), all
+/// `shards` together, read straight from Redis.
 pub async fn stream_len(redis: &fred::clients::Client, activity: u64, shards: u32) -> i64 {
     use fred::interfaces::StreamsInterface;
     let mut n = 0;

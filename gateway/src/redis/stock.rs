@@ -282,13 +282,14 @@ pub(super) async fn poll_stock(
                 _ => complete = false,
             }
         }
-        let mut moving = Some(0);
+        let mut moving = 0;
         for _ in 0..shards {
-            moving = moving
-                .zip(it.next().and_then(|v| v.as_i64()))
-                .map(|(m, n)| m + n);
+            match it.next().and_then(|v| v.as_i64()) {
+                Some(n) => moving += n,
+                None => complete = false,
+            }
         }
-        if complete && moving == Some(0) {
+        if complete && moving == 0 {
             shared.catalog.set_holders(a, s, holders, seen);
         }
     }
