@@ -276,7 +276,7 @@ impl App {
             reserved: held.iter().sum(),
             sold_out,
             available: entry.is_available() && self.fences_present(a, shards).await?,
-            false_sold_out: it.false_sold_out.load(Ordering::Relaxed),
+            gave_up: it.gave_up.load(Ordering::Relaxed),
         })
     }
 

@@ -18,8 +18,9 @@ pub struct ItemEntry {
     pub id: u64,
     /// Units put on sale.
     pub total: u32,
-    /// SOLD_OUT answers given by this process while another shard still held units.
-    pub false_sold_out: AtomicU64,
+    /// Reserve calls of this process that ran out of rebalancing attempts while the
+    /// shards still held the quantity asked for (answered UNAVAILABLE: retry).
+    pub gave_up: AtomicU64,
 }
 
 /// One published activity.
@@ -55,7 +56,7 @@ impl ActivityEntry {
                     ItemEntry {
                         id: i.id,
                         total: i.stock,
-                        false_sold_out: AtomicU64::new(0),
+                        gave_up: AtomicU64::new(0),
                     },
                 )
             })

@@ -162,7 +162,8 @@ pub struct StockConfig {
     /// (1..=1000). Small keeps stock spread; large saves round trips. Default 4.
     #[serde(default = "default_rebalance_batch")]
     pub rebalance_batch: u32,
-    /// Donor shards tried per reservation before answering SOLD_OUT (1..=1024).
+    /// Rebalancing rounds tried per reservation; then a last look at every shard
+    /// answers SOLD_OUT, NOT_ENOUGH or UNAVAILABLE (units remain: retry) (1..=1024).
     /// Default 8.
     #[serde(default = "default_rebalance_attempts")]
     pub rebalance_attempts: u32,

@@ -103,9 +103,10 @@ pub struct Metrics {
     /// `now`, `deferred` (the gap since the last one was not over), `joined` (one was
     /// already waiting).
     pub move_repairs: IntCounterVec,
-    /// `stockd_false_sold_out_total`: SOLD_OUT answered while another shard still held
-    /// units (rebalancing gave up).
-    pub false_sold_out: IntCounter,
+    /// `stockd_reserve_gave_up_total`: Reserve calls out of rebalancing attempts while
+    /// the shards (and units in transit) still held the quantity asked for, answered
+    /// UNAVAILABLE (retry). Before, such a buyer was told SOLD_OUT: a false sold-out.
+    pub gave_up: IntCounter,
     /// `stockd_sold_out_marks_refused_total`: looks that found every shard empty but
     /// set no sold-out flag, because units were between a take and a give or moved
     /// during the look (`crate::transit`).
@@ -213,9 +214,10 @@ impl Metrics {
              were moving between shards, or moved during the look",
         )
         .expect("valid metric");
-        let false_sold_out = IntCounter::new(
-            "stockd_false_sold_out_total",
-            "SOLD_OUT answers given while another shard still held units",
+        let gave_up = IntCounter::new(
+            "stockd_reserve_gave_up_total",
+            "Reserve calls out of rebalancing attempts while the shards still held the \
+             quantity asked for, answered UNAVAILABLE (retry)",
         )
         .expect("valid metric");
         let lost_writes = IntCounter::new(
@@ -296,7 +298,7 @@ impl Metrics {
             Box::new(redis_errors.clone()),
             Box::new(recomputes.clone()),
             Box::new(move_repairs.clone()),
-            Box::new(false_sold_out.clone()),
+            Box::new(gave_up.clone()),
             Box::new(sold_out_marks_refused.clone()),
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
@@ -330,7 +332,7 @@ impl Metrics {
             redis_errors,
             recomputes,
             move_repairs,
-            false_sold_out,
+            gave_up,
             sold_out_marks_refused,
             lost_writes,
             lost_reservations,

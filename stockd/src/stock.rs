@@ -286,32 +286,31 @@ impl App {
                 }
             }
         }
-        if quantity > 1 {
-            // Out of attempts while other calls moved the units around: say what the
-            // shards hold now when it is short of the quantity; otherwise the caller
-            // retries (concurrent multi-unit buyers took turns emptying each other's
-            // home shards).
-            // (Units in transit count: they are on their way to a shard.)
-            let look = Box::pin(self.look(activity, item, shards)).await?;
-            return match look.left + look.in_transit {
-                0 => Ok((Reserve::SoldOut, window)),
-                n if n < i64::from(quantity) => Ok((Reserve::NotEnough { remaining: n }, window)),
-                _ => Err(Error::Unavailable(format!(
-                    "could not gather {quantity} units on one shard under contention; retry"
-                ))),
-            };
-        }
         if failed {
             // The round this call waited on last failed (a Redis error, or its runner went
-            // away): nothing says the item is sold out, so the caller retries.
+            // away): nothing says the item is sold out, so the caller retries. (No look:
+            // it would most likely meet the same trouble.)
             return Err(Error::Unavailable(format!(
                 "rebalancing for item {item} failed; retry with the same request id"
             )));
         }
-        // Out of attempts while donors still had units: a false sold-out.
-        item_entry.false_sold_out.fetch_add(1, Ordering::Relaxed);
-        self.metrics.false_sold_out.inc();
-        Ok((Reserve::SoldOut, window))
+        // Out of attempts: other buyers took the units moved here first, or concurrent
+        // multi-unit buyers took turns emptying each other's home shards. Look once more
+        // and say what remains only when it is short of the quantity: a buyer is never
+        // told SOLD_OUT or NOT_ENOUGH while the shards and the units in transit hold what
+        // it asked for. Otherwise it retries (the gateway tries another stockd first).
+        match Box::pin(self.remains(&entry, item, quantity)).await? {
+            Empty::SoldOut => Ok((Reserve::SoldOut, window)),
+            Empty::NotEnough(remaining) => Ok((Reserve::NotEnough { remaining }, window)),
+            Empty::Retry { .. } => {
+                item_entry.gave_up.fetch_add(1, Ordering::Relaxed);
+                self.metrics.gave_up.inc();
+                Err(Error::Unavailable(format!(
+                    "could not gather {quantity} unit(s) of item {item} on one shard \
+                     under contention; retry with the same request id"
+                )))
+            }
+        }
     }
 
     /// After the home shard answered SOLD_OUT (`have` 0) or SHORT (it holds `have`,
@@ -388,29 +387,38 @@ impl App {
         units: u32,
         round: &mut Round<'_>,
     ) -> Result<Empty> {
-        let (activity, shards) = (entry.id(), entry.shards());
         match self.rebalance(entry, item, home, round).await? {
             Moved::Units => Ok(Empty::Retry { moved: true }),
-            Moved::Nothing | Moved::Some => {
-                // Units may have moved since the round's read: look again before
-                // declaring it sold out (or short). Units in transit (between a take
-                // and a give) are on their way to a shard: they count toward what the
-                // shards hold together, and the item is not sold out.
-                let look = self.look(activity, item, shards).await?;
-                let total = look.left + look.in_transit;
-                if total >= i64::from(units) {
-                    return Ok(Empty::Retry { moved: true });
-                }
-                if total > 0 {
-                    return Ok(Empty::NotEnough(total));
-                }
-                if !self.mark_after_look(activity, item, look).await? {
-                    // Units are moving, or moved during the look: reserve again.
-                    return Ok(Empty::Retry { moved: true });
-                }
-                Ok(Empty::SoldOut)
-            }
+            // Units may have moved since the round's read: look again before declaring
+            // it sold out (or short).
+            Moved::Nothing | Moved::Some => self.remains(entry, item, units).await,
         }
+    }
+
+    /// What every shard of `item` holds for a buyer of `units`, from a fresh look:
+    /// enough (retry), not enough (with the count), or nothing (sold out, and marked).
+    /// Units in transit (between a take and a give) are on their way to a shard: they
+    /// count toward what the shards hold together, and the item is not sold out.
+    async fn remains(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        item: u64,
+        units: u32,
+    ) -> Result<Empty> {
+        let (activity, shards) = (entry.id(), entry.shards());
+        let look = self.look(activity, item, shards).await?;
+        let total = look.left + look.in_transit;
+        if total >= i64::from(units) {
+            return Ok(Empty::Retry { moved: true });
+        }
+        if total > 0 {
+            return Ok(Empty::NotEnough(total));
+        }
+        if !self.mark_after_look(activity, item, look).await? {
+            // Units are moving, or moved during the look: reserve again.
+            return Ok(Empty::Retry { moved: true });
+        }
+        Ok(Empty::SoldOut)
     }
 
     /// Moves units from donor shards to `home` until the units `round` claims (after its

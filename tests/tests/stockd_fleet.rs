@@ -111,12 +111,12 @@ async fn two_stockd_that_find_the_state_lost_at_once_run_one_rebuild_and_the_sto
     for (_, r) in w1.iter().chain(&w2) {
         *answers.entry(r.outcome().as_str_name()).or_default() += 1;
     }
-    let false_sold_out = h1.metrics.false_sold_out.get() + h2.metrics.false_sold_out.get();
+    let gave_up = h1.metrics.gave_up.get() + h2.metrics.gave_up.get();
     assert_eq!(
         won.len(),
         70,
         "exactly what MySQL and the streams left; answers {answers:?} (the rest UNAVAILABLE), \
-         left per shard {left:?}, false sold-outs {false_sold_out}"
+         left per shard {left:?}, out of attempts {gave_up}"
     );
     assert!(left.iter().all(|&n| n == 0), "{left:?}");
 }

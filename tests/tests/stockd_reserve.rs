@@ -170,14 +170,14 @@ async fn users_skewed_onto_two_home_shards_still_buy_every_unit() {
     assert!(shards.iter().all(|&n| n >= 0), "{shards:?}");
     assert_eq!(reserved, 100, "left per shard: {shards:?}");
     assert_eq!(shards.iter().sum::<i64>(), 0);
-    // The false sold-out count is reported (whatever it is).
+    // The count of buyers out of attempts is reported (whatever it is).
     let mut admin = h.admin_client().await;
     let st = admin
         .get_activity_status(pb::GetActivityStatusRequest { activity_id: a })
         .await
         .unwrap()
         .into_inner();
-    eprintln!("false sold-outs: {}", st.items[0].false_sold_out);
+    eprintln!("out of attempts, told to retry: {}", st.items[0].gave_up);
     assert_eq!(st.items[0].remaining, 0);
     assert_eq!(st.items[0].reserved, 100);
 }
@@ -485,16 +485,18 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     );
 
     // A buyer whose home is empty: its rounds find no unit on the shards, but two in
-    // transit, and do not mark either. (It is told sold out once out of attempts,
-    // counted as a false sold-out.)
+    // transit, and do not mark either. Out of attempts, it is told to retry, not sold
+    // out: the units are on their way to a shard. (It used to be told SOLD_OUT, a false
+    // sold-out.)
     let user = user_on_shard("during", 0, SHARDS);
-    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
-    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    let e = reserve(&mut c, a, s, &user, "r").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("retry"), "{e:?}");
     assert!(
         !sold_out_flagged(&redis, a, s).await,
         "flagged while units move"
     );
-    assert_eq!(h.metrics.false_sold_out.get(), 1);
+    assert_eq!(h.metrics.gave_up.get(), 1);
 
     // The give lands on shard 3 and the move settles: the two units sell, then the flag.
     set_shard_stock(&redis, a, s, &[0, 0, 0, 2, 0, 0, 0, 0]).await;
@@ -596,7 +598,7 @@ async fn buyers_behind_a_failed_round_are_told_to_retry_not_sold_out() {
     // Some buyers waited on the round that failed (the rest ran rounds of their own,
     // whose reads timed out): the path this test is about ran.
     assert!(told_round_failed > 0, "no buyer waited on the failed round");
-    assert_eq!(h.metrics.false_sold_out.get(), 0);
+    assert_eq!(h.metrics.gave_up.get(), 0);
 
     // The pause ends; the same requests again buy every unit, once.
     tokio::time::sleep(Duration::from_millis(2600).saturating_sub(paused_at.elapsed())).await;

@@ -76,14 +76,14 @@ pub fn item_status(i: &pb::ItemStatus) -> Value {
         "reserved": i.reserved,
         "sold_out": i.sold_out,
         "available": i.available,
-        "false_sold_out": i.false_sold_out,
+        "gave_up": i.gave_up,
     })
 }
 
 pub fn item_status_text(i: &pb::ItemStatus) -> String {
     format!(
-        "  item {} total={} remaining={} reserved={} sold_out={} available={} false_sold_out={} shards={:?}",
-        i.item_id, i.total, i.remaining, i.reserved, i.sold_out, i.available, i.false_sold_out,
+        "  item {} total={} remaining={} reserved={} sold_out={} available={} gave_up={} shards={:?}",
+        i.item_id, i.total, i.remaining, i.reserved, i.sold_out, i.available, i.gave_up,
         i.shard_remaining
     )
 }
