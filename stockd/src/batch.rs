@@ -34,7 +34,10 @@ use crate::redis::{array, int, text};
 use crate::shard::{HighWater, Pending, Script, Unwind};
 
 impl App {
-    /// Reserves `units` of `item` for `user` on `shard` through the shard's queue.
+    /// Reserves `units` of `item` for `user` on `shard` through the shard's queue,
+    /// before the buyers that did not wait for a rebalancing round when `ahead`
+    /// ([`crate::shard::QueueState::push`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn reserve_script(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -43,6 +46,7 @@ impl App {
         user: &UserId,
         request: &RequestId,
         units: u32,
+        ahead: bool,
     ) -> Result<Script> {
         let queue = entry
             .queue(shard)
@@ -50,14 +54,17 @@ impl App {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut st = queue.lock();
-            st.waiting.push(Pending {
-                item,
-                user: user.clone(),
-                request: request.clone(),
-                units,
-                trace: crate::domain::current_trace_parent(),
-                answer: tx,
-            });
+            st.push(
+                Pending {
+                    item,
+                    user: user.clone(),
+                    request: request.clone(),
+                    units,
+                    trace: crate::domain::current_trace_parent(),
+                    answer: tx,
+                },
+                ahead,
+            );
             !std::mem::replace(&mut st.running, true)
         };
         if start {
@@ -82,15 +89,11 @@ impl App {
             tokio::task::yield_now().await;
             let batch = {
                 let mut st = queue.lock();
-                if st.waiting.is_empty() {
+                if st.is_empty() {
                     st.running = false;
                     return;
                 }
-                if st.waiting.len() <= max {
-                    std::mem::take(&mut st.waiting)
-                } else {
-                    st.waiting.drain(..max).collect()
-                }
+                st.next_batch(max)
             };
             self.call(&entry, shard, batch).await;
         }

@@ -145,9 +145,42 @@ pub struct ShardQueue {
 
 #[derive(Default)]
 pub(crate) struct QueueState {
-    pub waiting: Vec<Pending>,
+    /// In the order the next calls decide them: those that waited for a rebalancing
+    /// round first (the first `ahead`), then the others, each in arrival order.
+    waiting: Vec<Pending>,
+    ahead: usize,
     /// A driver task is running this shard's calls.
     pub running: bool,
+}
+
+impl QueueState {
+    /// Queues `p`; `ahead` when its buyer found its home empty and waited for a
+    /// rebalancing round: it goes before every buyer that has not, so the units the
+    /// round moved home for it are not taken by buyers who arrived after it (they
+    /// arrived later; and each lost race costs its buyer another round).
+    pub fn push(&mut self, p: Pending, ahead: bool) {
+        if ahead {
+            self.waiting.insert(self.ahead, p);
+            self.ahead += 1;
+        } else {
+            self.waiting.push(p);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// The next call's reservations: at most `max`, in order.
+    pub fn next_batch(&mut self, max: usize) -> Vec<Pending> {
+        let batch = if self.waiting.len() <= max {
+            std::mem::take(&mut self.waiting)
+        } else {
+            self.waiting.drain(..max).collect()
+        };
+        self.ahead = self.ahead.saturating_sub(batch.len());
+        batch
+    }
 }
 
 impl std::fmt::Debug for ShardQueue {
@@ -155,6 +188,7 @@ impl std::fmt::Debug for ShardQueue {
         let st = self.lock();
         f.debug_struct("ShardQueue")
             .field("waiting", &st.waiting.len())
+            .field("ahead", &st.ahead)
             .field("running", &st.running)
             .finish()
     }
@@ -205,6 +239,44 @@ mod tests {
         );
         // Reported once.
         assert_eq!(s.take_behind(&seen, 8), None);
+    }
+
+    fn pending(user: &str) -> Pending {
+        Pending {
+            item: 1,
+            user: UserId::parse(user).unwrap(),
+            request: RequestId::parse("r").unwrap(),
+            units: 1,
+            trace: None,
+            answer: oneshot::channel().0,
+        }
+    }
+
+    fn users(batch: &[Pending]) -> Vec<&str> {
+        batch.iter().map(|p| p.user.as_str()).collect()
+    }
+
+    #[test]
+    fn buyers_back_from_a_rebalancing_round_go_before_newer_ones_in_arrival_order() {
+        let mut q = QueueState::default();
+        q.push(pending("new1"), false);
+        q.push(pending("back1"), true);
+        q.push(pending("new2"), false);
+        q.push(pending("back2"), true);
+        q.push(pending("new3"), false);
+        // A call of 3 takes both that came back and the oldest newcomer.
+        assert_eq!(users(&q.next_batch(3)), ["back1", "back2", "new1"]);
+        // One more comes back meanwhile: it goes first again.
+        q.push(pending("back3"), true);
+        q.push(pending("new4"), false);
+        assert_eq!(users(&q.next_batch(1)), ["back3"]);
+        q.push(pending("back4"), true);
+        assert_eq!(users(&q.next_batch(10)), ["back4", "new2", "new3", "new4"]);
+        assert!(q.is_empty());
+        // A drained queue counts none ahead: the next comer back goes first, not second.
+        q.push(pending("new5"), false);
+        q.push(pending("back5"), true);
+        assert_eq!(users(&q.next_batch(10)), ["back5", "new5"]);
     }
 
     #[test]

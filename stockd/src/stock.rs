@@ -195,7 +195,7 @@ impl App {
         let mut failed = false;
         for attempt in 0..=attempts {
             match self
-                .reserve_script(&entry, item, home, user, request, quantity)
+                .reserve_script(&entry, item, home, user, request, quantity, attempt > 0)
                 .await?
             {
                 Script::Reserved(rid, left, units) => {
