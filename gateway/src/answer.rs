@@ -208,7 +208,7 @@ impl Refusal {
             Self::RateLimited(_) => ("rate_limited", "too many requests; retry later".into()),
             Self::Busy => (
                 "busy",
-                "too many reservations in flight for this item; retry".into(),
+                "too many buyers at once for this item; retry".into(),
             ),
             Self::SoldOut => ("sold_out", "sold out".into()),
             Self::Ended => ("ended", "the sale is over".into()),

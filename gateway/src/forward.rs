@@ -118,18 +118,7 @@ impl Clients {
 
     /// Maps a failed call to the client's answer.
     pub fn refusal(&self, s: &tonic::Status) -> Refusal {
-        match s.code() {
-            Code::InvalidArgument | Code::OutOfRange => {
-                Refusal::BadRequest(s.message().to_string().into())
-            }
-            Code::NotFound => Refusal::NotFound("not found"),
-            // A refusal of our own token's scope is an operator's problem: 503 below.
-            Code::PermissionDenied if !seckill_proto::auth::is_service_token_refusal(s) => {
-                Refusal::Forbidden
-            }
-            Code::FailedPrecondition | Code::AlreadyExists => Refusal::Conflict(Value::Null),
-            _ => Refusal::BackendUnavailable(self.retry_after),
-        }
+        refusal_of(s, self.retry_after)
     }
 
     /// Safe to try on a second stockd: the same request id answers the same reservation.
@@ -303,6 +292,25 @@ pub fn order_json(o: &pb::Order) -> Value {
     })
 }
 
+/// A failed call's status as the client's answer (`Retry-After: retry_after` on 503).
+fn refusal_of(s: &tonic::Status, retry_after: u64) -> Refusal {
+    match s.code() {
+        Code::InvalidArgument | Code::OutOfRange => {
+            Refusal::BadRequest(s.message().to_string().into())
+        }
+        Code::NotFound => Refusal::NotFound("not found"),
+        // A refusal of our own token's scope is an operator's problem: 503 below.
+        Code::PermissionDenied if !seckill_proto::auth::is_service_token_refusal(s) => {
+            Refusal::Forbidden
+        }
+        Code::FailedPrecondition | Code::AlreadyExists => Refusal::Conflict(Value::Null),
+        // stockd's contention answer (buyers took the units it gathered for this one,
+        // and some remain): the item is busy, retry; the endpoint is healthy.
+        Code::Aborted => Refusal::Busy,
+        _ => Refusal::BackendUnavailable(retry_after),
+    }
+}
+
 /// The answer to pay, cancel and the payment callback.
 pub fn change_answer(c: &pb::OrderChange) -> Result<Value, Refusal> {
     let order = c.order.as_ref().map(order_json).unwrap_or(Value::Null);
@@ -339,5 +347,18 @@ mod tests {
             order: Some(o),
         };
         assert!(matches!(change_answer(&lost), Err(Refusal::Conflict(_))));
+    }
+
+    #[test]
+    fn contention_is_busy_and_fails_over_nowhere_while_unavailable_is_a_backend_503() {
+        let aborted = tonic::Status::aborted("could not gather 1 unit(s) of item 7; retry");
+        assert!(matches!(refusal_of(&aborted, 1), Refusal::Busy));
+        assert!(!crate::upstream::fails_over(&aborted));
+        let unavailable = tonic::Status::unavailable("activity 1 is being rebuilt");
+        assert!(matches!(
+            refusal_of(&unavailable, 3),
+            Refusal::BackendUnavailable(3)
+        ));
+        assert!(crate::upstream::fails_over(&unavailable));
     }
 }

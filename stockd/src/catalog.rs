@@ -19,7 +19,7 @@ pub struct ItemEntry {
     /// Units put on sale.
     pub total: u32,
     /// Reserve calls of this process that ran out of rebalancing attempts while the
-    /// shards still held the quantity asked for (answered UNAVAILABLE: retry).
+    /// shards still held the quantity asked for (answered ABORTED: retry).
     pub gave_up: AtomicU64,
 }
 

@@ -163,7 +163,7 @@ pub struct StockConfig {
     #[serde(default = "default_rebalance_batch")]
     pub rebalance_batch: u32,
     /// Rebalancing rounds tried per reservation; then a last look at every shard
-    /// answers SOLD_OUT, NOT_ENOUGH or UNAVAILABLE (units remain: retry) (1..=1024).
+    /// answers SOLD_OUT, NOT_ENOUGH or ABORTED (units remain: retry) (1..=1024).
     /// Default 8.
     #[serde(default = "default_rebalance_attempts")]
     pub rebalance_attempts: u32,

@@ -19,6 +19,12 @@ pub enum Error {
     /// Redis state is being rebuilt, or not loaded yet.
     #[error("{0}")]
     Unavailable(String),
+    /// Concurrent buyers took the units this call gathered, and it ran out of attempts
+    /// while units remain: retry with the same request id. `ABORTED`, not
+    /// `UNAVAILABLE`: this stockd is healthy, and a caller that marks an endpoint down
+    /// on `UNAVAILABLE` (the gateway's fleet) must not do so for contention.
+    #[error("{0}")]
+    Contended(String),
     /// A Redis command failed or ran out of time.
     #[error("redis: {0}")]
     Redis(#[from] fred::error::Error),
@@ -45,6 +51,7 @@ impl Error {
             Error::NotFound(m) => Error::NotFound(m.clone()),
             Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
             Error::Unavailable(m) => Error::Unavailable(m.clone()),
+            Error::Contended(m) => Error::Contended(m.clone()),
             Error::Redis(e) => Error::Redis(e.clone()),
             Error::RedisTimeout(ms) => Error::RedisTimeout(*ms),
             Error::Db(e) => Error::Unavailable(format!("mysql: {e}")),
@@ -70,6 +77,7 @@ impl From<Error> for Status {
             Error::NotFound(m) => Status::not_found(m),
             Error::FailedPrecondition(m) => Status::failed_precondition(m),
             Error::Unavailable(m) => Status::unavailable(m),
+            Error::Contended(m) => Status::aborted(m),
             Error::Redis(err) => {
                 tracing::warn!(error = %err, "redis error");
                 Status::unavailable("stock store (redis) unavailable")

@@ -105,7 +105,7 @@ pub struct Metrics {
     pub move_repairs: IntCounterVec,
     /// `stockd_reserve_gave_up_total`: Reserve calls out of rebalancing attempts while
     /// the shards (and units in transit) still held the quantity asked for, answered
-    /// UNAVAILABLE (retry). Before, such a buyer was told SOLD_OUT: a false sold-out.
+    /// ABORTED (retry). Before, such a buyer was told SOLD_OUT: a false sold-out.
     pub gave_up: IntCounter,
     /// `stockd_sold_out_marks_refused_total`: looks that found every shard empty but
     /// set no sold-out flag, because units were between a take and a give or moved
@@ -217,7 +217,7 @@ impl Metrics {
         let gave_up = IntCounter::new(
             "stockd_reserve_gave_up_total",
             "Reserve calls out of rebalancing attempts while the shards still held the \
-             quantity asked for, answered UNAVAILABLE (retry)",
+             quantity asked for, answered ABORTED (retry)",
         )
         .expect("valid metric");
         let lost_writes = IntCounter::new(

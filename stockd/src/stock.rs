@@ -298,14 +298,15 @@ impl App {
         // multi-unit buyers took turns emptying each other's home shards. Look once more
         // and say what remains only when it is short of the quantity: a buyer is never
         // told SOLD_OUT or NOT_ENOUGH while the shards and the units in transit hold what
-        // it asked for. Otherwise it retries (the gateway tries another stockd first).
+        // it asked for. Otherwise it retries (ABORTED: contention, not an unhealthy
+        // stockd).
         match Box::pin(self.remains(&entry, item, quantity)).await? {
             Empty::SoldOut => Ok((Reserve::SoldOut, window)),
             Empty::NotEnough(remaining) => Ok((Reserve::NotEnough { remaining }, window)),
             Empty::Retry { .. } => {
                 item_entry.gave_up.fetch_add(1, Ordering::Relaxed);
                 self.metrics.gave_up.inc();
-                Err(Error::Unavailable(format!(
+                Err(Error::Contended(format!(
                     "could not gather {quantity} unit(s) of item {item} on one shard \
                      under contention; retry with the same request id"
                 )))

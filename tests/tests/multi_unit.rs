@@ -37,13 +37,14 @@ async fn reserve_k(
     .map(|r| r.into_inner())
 }
 
-/// UNAVAILABLE answers [`reserve_k_retrying`] retried, reported with the crowd's outcome.
+/// ABORTED and UNAVAILABLE answers [`reserve_k_retrying`] retried, reported with the
+/// crowd's outcome.
 static RETRIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// [`reserve_k`] as a client follows the contract: UNAVAILABLE means "retry with the same
-/// request id" (stockd answers it when concurrent multi-unit buyers kept taking the units
-/// its rounds gathered; more often on a loaded machine, where a round takes longer), so
-/// it is sent again, a few times.
+/// [`reserve_k`] as a client follows the contract: ABORTED and UNAVAILABLE mean "retry with
+/// the same request id" (stockd answers ABORTED when concurrent multi-unit buyers kept
+/// taking the units its rounds gathered, more often on a loaded machine, where a round
+/// takes longer; UNAVAILABLE when a round failed), so it is sent again, a few times.
 async fn reserve_k_retrying(
     c: &mut StockClient,
     at: (u64, u64),
@@ -54,7 +55,10 @@ async fn reserve_k_retrying(
     let mut tries = 0;
     loop {
         match reserve_k(c, at, user, req, quantity).await {
-            Err(e) if e.code() == tonic::Code::Unavailable && tries < 5 => {
+            Err(e)
+                if matches!(e.code(), tonic::Code::Aborted | tonic::Code::Unavailable)
+                    && tries < 5 =>
+            {
                 tries += 1;
                 RETRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
@@ -212,7 +216,7 @@ async fn concurrent_k_unit_buyers_with_duplicate_clicks_never_oversell_and_the_s
     );
     eprintln!(
         "multi-unit crowd: {} users hold {} units; {dups} DUPLICATE, {short} NOT_ENOUGH, {} SOLD_OUT; \
-         {} UNAVAILABLE retried",
+         {} ABORTED or UNAVAILABLE retried",
         held.len(),
         held.values().map(|(_, k)| *k).sum::<u32>(),
         count(ReserveOutcome::SoldOut),

@@ -485,12 +485,12 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     );
 
     // A buyer whose home is empty: its rounds find no unit on the shards, but two in
-    // transit, and do not mark either. Out of attempts, it is told to retry, not sold
-    // out: the units are on their way to a shard. (It used to be told SOLD_OUT, a false
-    // sold-out.)
+    // transit, and do not mark either. Out of attempts, it is told to retry (ABORTED:
+    // contention, this stockd is healthy), not sold out: the units are on their way to a
+    // shard. (It used to be told SOLD_OUT, a false sold-out.)
     let user = user_on_shard("during", 0, SHARDS);
     let e = reserve(&mut c, a, s, &user, "r").await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
     assert!(e.message().contains("retry"), "{e:?}");
     assert!(
         !sold_out_flagged(&redis, a, s).await,
