@@ -250,7 +250,7 @@ async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usi
                 return Ended::Unimplemented(jobs);
             }
             Err(s) => {
-                fail(waiting, &s);
+                fail(waiting, &endpoint_failed(s));
                 continue;
             }
         };
@@ -280,8 +280,21 @@ async fn streams(client: &Stock, rx: &mut mpsc::UnboundedReceiver<Job>, max: usi
                 }
             }
         };
-        fail(waiting, &why);
+        fail(waiting, &endpoint_failed(why));
     }
+}
+
+/// An `UNAVAILABLE` of the endpoint rather than of one entry (the stream or call could
+/// not open, broke or ended): given a source, as tonic gives a transport error's status,
+/// so the fleet marks the endpoint down at once (`upstream::marks_down`). An entry's own
+/// status, as stockd answered it, has none; other codes are left as they are (they do
+/// not fail over).
+fn endpoint_failed(mut s: Status) -> Status {
+    if s.code() == Code::Unavailable && std::error::Error::source(&s).is_none() {
+        let why = std::io::Error::other(s.message().to_string());
+        s.set_source(Arc::new(why));
+    }
+    s
 }
 
 /// The message for `jobs`: each entry tagged and given the time its caller still waits,
@@ -381,6 +394,7 @@ async fn send(mut client: Stock, jobs: Vec<Job>) {
             }
         }
         Err(s) => {
+            let s = endpoint_failed(s);
             for tx in waiting {
                 let _ = tx.send(Err(s.clone()));
             }
@@ -461,6 +475,14 @@ mod tests {
                 return pb::ReserveResult {
                     code: Code::InvalidArgument as i32,
                     message: "user_id: bad".into(),
+                    response: None,
+                    tag: e.tag,
+                };
+            }
+            if user == "rebuilding" {
+                return pb::ReserveResult {
+                    code: Code::Unavailable as i32,
+                    message: "activity 1 is being rebuilt from MySQL; retry shortly".into(),
                     response: None,
                     tag: e.tag,
                 };
@@ -727,6 +749,7 @@ mod tests {
                 Err(s) => {
                     assert_eq!(s.code(), Code::Unavailable, "{s:?}");
                     assert!(crate::upstream::fails_over(s), "{s:?}");
+                    assert!(crate::upstream::marks_down(s), "{s:?}");
                 }
             }
         }
@@ -788,6 +811,30 @@ mod tests {
             for (_, r, _) in crowd(&b, users(10)).await {
                 let s = r.expect_err("nobody listens");
                 assert!(crate::upstream::fails_over(&s), "stream {stream}: {s:?}");
+                assert!(crate::upstream::marks_down(&s), "stream {stream}: {s:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_entry_stockd_answers_unavailable_fails_over_without_marking_the_endpoint_down() {
+        // One activity rebuilding: every peer would answer the same, and this endpoint
+        // serves every other activity.
+        for stream in [true, false] {
+            let echo = Arc::new(Echo::default());
+            let b = Batcher::new(serve(echo.clone()).await, 256, 2, stream);
+            let mut some = users(10);
+            some[4] = "rebuilding".into();
+            for (user, r, _) in crowd(&b, some).await {
+                match r {
+                    Ok(r) => assert_eq!(r.reservation_id, format!("rid-{user}")),
+                    Err(s) => {
+                        assert_eq!(user, "rebuilding");
+                        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                        assert!(crate::upstream::fails_over(&s), "stream {stream}: {s:?}");
+                        assert!(!crate::upstream::marks_down(&s), "stream {stream}: {s:?}");
+                    }
+                }
             }
         }
     }

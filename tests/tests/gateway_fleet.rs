@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::prelude::*;
+use seckill_lua::keys;
 use seckill_proto::pb;
 use seckill_tests::gateway::{metric_value, set, spawn_gateway, url_list, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd_process;
@@ -340,4 +342,147 @@ async fn a_crowd_fails_over_to_the_survivors_when_a_stockd_and_an_orderd_are_kil
     assert_eq!(failovers(&gw, "stockd").await, stockd_before);
     assert_eq!(failovers(&gw, "orderd").await, orderd_before);
     drop(orderd_a);
+}
+
+/// One activity unavailable at every stockd (its shards lost, its rebuild held back)
+/// marks no stockd down: the edge answers its buyers 503 and goes on serving every other
+/// activity, `/readyz` stays ready, and no call fails over for the others. (Until the
+/// eighteenth session each such answer marked the stockd that sent it down, so every
+/// stockd in turn, and took the edge out of `/readyz` for all activities.)
+///
+/// The rebuild is held back in MySQL: this test's transaction holds the activity's row
+/// of `rebuild_leases`, which the rebuilding stockd's lease must raise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_activity_rebuilding_marks_no_stockd_down_and_the_others_sell() {
+    init_tracing();
+    let redis = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&redis, &db);
+    let stockd_a = spawn_stockd_process(&deps, |_| {}).await;
+    let stockd_b = spawn_stockd_process(&deps, |_| {}).await;
+    let orderd = spawn_orderd_process(&deps, |_| {}).await;
+    let mut admin = stockd_a.admin_client().await;
+    let hour = Duration::from_secs(3600);
+    let mut sales = Vec::new();
+    for _ in 0..2 {
+        let sale =
+            create_published_activity_with(&mut admin, &[(50, 100)], 2, Duration::ZERO, hour).await;
+        sales.push((sale.id, sale.items[0].id));
+    }
+    let [(x, x_item), (y, y_item)] = sales[..] else {
+        unreachable!()
+    };
+    for s in [&stockd_a, &stockd_b] {
+        wait_known(&s.addr, x, x_item).await;
+        wait_known(&s.addr, y, y_item).await;
+    }
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd_a.addr,
+            orderd: &orderd.addr,
+        },
+        |c| {
+            set(
+                c,
+                "upstreams",
+                "stockd",
+                url_list(&[&stockd_a.addr, &stockd_b.addr]),
+            );
+            set(c, "upstreams", "reserve_deadline_ms", 8000);
+        },
+    )
+    .await;
+    gw.wait_activity(x).await;
+    gw.wait_activity(y).await;
+    for addr in [&stockd_a.addr, &stockd_b.addr] {
+        wait_gauge(&gw, "stockd", addr, 1.0).await;
+    }
+    let now = seckill_lua::clock::now_ms() as u64;
+    let buyer = |i: usize, (a, s): (u64, u64)| {
+        let gw = &gw;
+        async move {
+            let jwt = gw.jwt(&format!("b{i}"), 3600, now);
+            let token = gw.purchase_token(&jwt, a, s).await;
+            (jwt, token)
+        }
+    };
+    let mut x_buyers = Vec::new();
+    for i in 0..20 {
+        x_buyers.push(buyer(i, (x, x_item)).await);
+    }
+
+    // X's rebuild is held back, then X's shards are lost: every stockd answers X with
+    // UNAVAILABLE ("being rebuilt", or "lost its Redis state") until the rebuild runs.
+    let mut hold = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO rebuild_leases (activity_id, token, holder) VALUES (?, 1, 'test') \
+         ON DUPLICATE KEY UPDATE holder = 'test'",
+    )
+    .bind(x)
+    .execute(&mut *hold)
+    .await
+    .unwrap();
+    let client = redis.client().await;
+    for i in 0..2 {
+        let _: i64 = client.del(keys::fence(x, i)).await.unwrap();
+    }
+    let ready = || async {
+        reqwest::get(format!("{}/readyz", gw.admin_url()))
+            .await
+            .expect("readyz")
+            .status()
+            .as_u16()
+    };
+    let mut unavailable = 0;
+    for (i, (jwt, token)) in x_buyers.iter().enumerate() {
+        let r = gw.reserve(jwt, x, x_item, token).await;
+        assert!(
+            matches!(r.status, 503 | 202),
+            "buyer {i} of X: {} {}",
+            r.status,
+            r.body
+        );
+        if r.status == 503 {
+            unavailable += 1;
+            assert_eq!(r.code(), "backend_unavailable", "{}", r.body);
+            // The answer just came back: an endpoint it marked down would show now.
+            let m = gw.metrics().await;
+            for addr in [&stockd_a.addr, &stockd_b.addr] {
+                assert_eq!(
+                    metric_value(
+                        &m,
+                        "gateway_upstream_healthy",
+                        &healthy_labels("stockd", addr)
+                    ),
+                    Some(1.0),
+                    "stockd {addr} marked down after X's 503 (buyer {i})"
+                );
+            }
+            assert_eq!(ready().await, 200, "the edge left /readyz over X");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The loss was found (by the fence check or a reservation) while X's buyers came.
+    assert!(
+        unavailable >= 10,
+        "{unavailable} of 20 buyers of X told 503"
+    );
+
+    // Y sells meanwhile, with no failover.
+    let before = failovers(&gw, "stockd").await;
+    for i in 100..110 {
+        let (jwt, token) = buyer(i, (y, y_item)).await;
+        let r = gw.reserve(&jwt, y, y_item, &token).await;
+        assert_eq!(r.status, 202, "buyer {i} of Y: {}", r.body);
+    }
+    assert_eq!(failovers(&gw, "stockd").await, before);
+
+    // The rebuild runs once the row is free; X sells again.
+    hold.rollback().await.unwrap();
+    let (jwt, token) = buyer(200, (x, x_item)).await;
+    wait_until_async("X sells again", Duration::from_secs(30), || async {
+        gw.reserve(&jwt, x, x_item, &token).await.status == 202
+    })
+    .await;
 }

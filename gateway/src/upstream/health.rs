@@ -1,8 +1,12 @@
 //! [`Health`]: a pingora background service running one loop per stockd and orderd
 //! endpoint. Every `upstreams.health_interval_ms` it asks `grpc.health.v1.Health/Check`
-//! (service "", the server as a whole) on a channel of its own, bounded by
+//! for the service the edge calls there (`seckill.v1.StockService`,
+//! `seckill.v1.OrderService`) on a channel of its own, bounded by
 //! `upstreams.health_timeout_ms`, and marks the endpoint healthy when the answer is
-//! SERVING, down otherwise (no answer, an error, NOT_SERVING). The channel is dialled
+//! SERVING, down otherwise (no answer, an error, NOT_SERVING). The service, not the
+//! server as a whole (""): stockd serves "" from its start but its `StockService` only
+//! once its activities are loaded and their shards open, and the calls no longer mark
+//! an endpoint down for an `UNAVAILABLE` it sent (`super::marks_down`). The channel is dialled
 //! as the calls' ([`super::dial`]): over TLS for `https://` URLs.
 
 use std::sync::Arc;
@@ -48,11 +52,21 @@ impl BackgroundService for Health {
             connect: Duration::from_millis(u.connect_timeout_ms.min(u.health_timeout_ms)),
         };
         let mut loops = tokio::task::JoinSet::new();
-        for fleet in [&self.shared.upstreams.stockd, &self.shared.upstreams.orderd] {
+        let fleets = [
+            (
+                &self.shared.upstreams.stockd,
+                seckill_proto::pb::stock_service_server::SERVICE_NAME,
+            ),
+            (
+                &self.shared.upstreams.orderd,
+                seckill_proto::pb::order_service_server::SERVICE_NAME,
+            ),
+        ];
+        for (fleet, service) in fleets {
             for i in 0..fleet.endpoints().len() {
                 loops.spawn(watch(
                     self.shared.clone(),
-                    fleet.clone(),
+                    (fleet.clone(), service),
                     i,
                     timing,
                     shutdown.clone(),
@@ -65,7 +79,7 @@ impl BackgroundService for Health {
 
 async fn watch(
     shared: Arc<Shared>,
-    fleet: Arc<Fleet>,
+    (fleet, service): (Arc<Fleet>, &'static str),
     i: usize,
     t: Timing,
     mut shutdown: ShutdownWatch,
@@ -92,17 +106,17 @@ async fn watch(
         }
         let ok = tokio::select! {
             _ = shutdown.changed() => return,
-            ok = check(&channel, t.timeout) => ok,
+            ok = check(&channel, service, t.timeout) => ok,
         };
         fleet.mark(i, ok);
     }
 }
 
-/// True when the server answers SERVING within `timeout`.
-async fn check(channel: &Channel, timeout: Duration) -> bool {
+/// True when the server answers SERVING for `service` within `timeout`.
+async fn check(channel: &Channel, service: &str, timeout: Duration) -> bool {
     let mut h = HealthClient::new(channel.clone());
     let call = h.check(HealthCheckRequest {
-        service: String::new(),
+        service: service.to_string(),
     });
     matches!(
         tokio::time::timeout(timeout, call).await,

@@ -12,10 +12,12 @@
 //! flight, an endpoint just restarted). No lock, no allocation: the endpoints a call has
 //! tried are bits of a `u64`, hence at most [`MAX_ENDPOINTS`] per service.
 //!
-//! Failover: a call that fails with a transport error or `UNAVAILABLE` marks its
-//! endpoint down at once and is tried on the next endpoint while the deadline has time
-//! left; each endpoint at most once per call. Any other code is the service's answer
-//! and goes back to the client as it is.
+//! Failover: a call that fails with a transport error or `UNAVAILABLE` is tried on the
+//! next endpoint while the deadline has time left; each endpoint at most once per call.
+//! Any other code is the service's answer and goes back to the client as it is. Only a
+//! transport failure (or a reservation stream that broke, [`crate::batch`]) marks the
+//! endpoint down at once ([`marks_down`]); an `UNAVAILABLE` the server sent is about the
+//! request, and whether a live server is well is the health loop's call.
 //!
 //! Why a second try is safe: a failed call may have been carried out before the
 //! connection broke (stockd ran the Lua script, then was killed before answering).
@@ -29,7 +31,10 @@
 //!
 //! stockd also answers `UNAVAILABLE` while its Redis is down or a shard is being rebuilt;
 //! then every peer answers the same, the call runs out of endpoints or time, and the
-//! client gets 503 with `Retry-After` as with a single endpoint.
+//! client gets 503 with `Retry-After` as with a single endpoint. Those answers mark no
+//! endpoint down: they did, and one activity's rebuild (or its Redis cluster down, with
+//! the activity on a cluster of its own) then marked every stockd down in turn and took
+//! the edge out of `/readyz` for every other activity.
 
 pub mod health;
 
@@ -224,7 +229,9 @@ impl Fleet {
                         error = %s.message(),
                         "upstream call failed; trying the next endpoint"
                     );
-                    self.mark(i, false);
+                    if marks_down(&s) {
+                        self.mark(i, false);
+                    }
                     last = Some(s);
                 }
                 Ok(Err(s)) => return Err(s),
@@ -251,6 +258,15 @@ impl Drop for ObserveOnDrop<'_> {
 pub fn fails_over(s: &tonic::Status) -> bool {
     s.code() == Code::Unavailable
         || (s.code() != Code::DeadlineExceeded && std::error::Error::source(s).is_some())
+}
+
+/// True for the failures that say the endpoint itself is unwell, which mark it down at
+/// once: a status made on this side from a transport error (tonic keeps the error as
+/// its source; [`crate::batch`] gives its broken streams one too). A status the server
+/// sent has none: it is about the request (one activity rebuilding, its Redis cluster
+/// down), and every peer would answer the same.
+pub fn marks_down(s: &tonic::Status) -> bool {
+    s.code() != Code::DeadlineExceeded && std::error::Error::source(s).is_some()
 }
 
 /// The endpoints one call tries, in order: from the round-robin start, the healthy
@@ -332,27 +348,47 @@ mod tests {
         ));
     }
 
+    /// What a transport failure looks like to [`Fleet::call`]: a status with a source.
+    fn transport_failure() -> tonic::Status {
+        let mut s = tonic::Status::unavailable("connection refused");
+        s.set_source(Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        s
+    }
+
     #[tokio::test]
-    async fn unavailable_fails_over_and_marks_down_but_other_codes_do_not() {
+    async fn unavailable_fails_over_and_only_a_transport_failure_marks_down() {
         let (f, m) = fleet(2);
         f.mark(0, true);
         f.mark(1, true);
         let clients = [0usize, 1];
+        // stockd's own UNAVAILABLE (one activity rebuilding): tried on the next endpoint,
+        // and the one that sent it stays healthy.
         let r = f
             .call(&clients, Duration::from_secs(1), |c, _| async move {
                 if c == 0 {
-                    Err(tonic::Status::unavailable("redis down"))
+                    Err(tonic::Status::unavailable("activity 3 is being rebuilt"))
                 } else {
                     Ok(tonic::Response::new(c))
                 }
             })
             .await;
         assert_eq!(r.unwrap(), 1);
-        assert!(!f.is_healthy(0) && f.is_healthy(1));
+        assert!(f.is_healthy(0) && f.is_healthy(1));
+        // Refused connects: failed over, and each endpoint marked down.
+        let r: Result<usize, _> = f
+            .call(&clients, Duration::from_secs(1), |_, _| async {
+                Err(transport_failure())
+            })
+            .await;
+        assert_eq!(r.unwrap_err().code(), Code::Unavailable);
+        assert!(!f.is_healthy(0) && !f.is_healthy(1));
         assert!(m
             .text()
             .unwrap()
-            .contains(r#"gateway_upstream_failovers_total{service="stockd"} 1"#));
+            .contains(r#"gateway_upstream_failovers_total{service="stockd"} 2"#));
+        f.mark(1, true);
 
         let calls = AtomicUsize::new(0);
         let r: Result<(), _> = f
@@ -364,11 +400,11 @@ mod tests {
         assert_eq!(r.unwrap_err().code(), Code::InvalidArgument);
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         assert!(f.is_healthy(1));
-        // Both calls, the failed-over one and the refused one, are timed once each.
+        // The calls, failed over or refused, are timed once each.
         assert!(m
             .text()
             .unwrap()
-            .contains(r#"gateway_upstream_call_seconds_count{service="stockd"} 2"#));
+            .contains(r#"gateway_upstream_call_seconds_count{service="stockd"} 3"#));
     }
 
     #[tokio::test(start_paused = true)]
