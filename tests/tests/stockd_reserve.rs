@@ -63,7 +63,9 @@ async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutco
     .outcome()
 }
 
-/// Fires every call at once and collects (user, answer).
+/// Fires every call at once and collects (user, answer). A call answered ABORTED
+/// (contention: the units gathered for it went to other buyers while some remain) is
+/// sent again with the same request id, as the contract asks of a client, up to 5 times.
 async fn crowd(
     c: &StockClient,
     a: u64,
@@ -75,8 +77,16 @@ async fn crowd(
         .map(|(user, req)| {
             let mut c = c.clone();
             tokio::spawn(async move {
-                let r = reserve(&mut c, a, s, &user, &req).await;
-                (user, r)
+                let mut tries = 0;
+                loop {
+                    match reserve(&mut c, a, s, &user, &req).await {
+                        Err(e) if e.code() == tonic::Code::Aborted && tries < 5 => {
+                            tries += 1;
+                            tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                        }
+                        r => return (user, r),
+                    }
+                }
             })
         })
         .collect();
