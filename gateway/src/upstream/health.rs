@@ -6,8 +6,8 @@
 //! SERVING, down otherwise (no answer, an error, NOT_SERVING). The service, not the
 //! server as a whole (""): stockd serves "" from its start but its `StockService` only
 //! once its activities are loaded and their shards open, and the calls no longer mark
-//! an endpoint down for an `UNAVAILABLE` it sent (`super::marks_down`). The channel is dialled
-//! as the calls' ([`super::dial`]): over TLS for `https://` URLs.
+//! an endpoint down for an `UNAVAILABLE` it sent (`super::marks_down`). The channel is
+//! dialled as the calls' ([`super::dial`]): over TLS for `https://` URLs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,7 +66,8 @@ impl BackgroundService for Health {
             for i in 0..fleet.endpoints().len() {
                 loops.spawn(watch(
                     self.shared.clone(),
-                    (fleet.clone(), service),
+                    fleet.clone(),
+                    service,
                     i,
                     timing,
                     shutdown.clone(),
@@ -79,7 +80,8 @@ impl BackgroundService for Health {
 
 async fn watch(
     shared: Arc<Shared>,
-    (fleet, service): (Arc<Fleet>, &'static str),
+    fleet: Arc<Fleet>,
+    service: &'static str,
     i: usize,
     t: Timing,
     mut shutdown: ShutdownWatch,

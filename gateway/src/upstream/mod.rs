@@ -256,8 +256,7 @@ impl Drop for ObserveOnDrop<'_> {
 /// source; a status the server sent has none): refused connects, resets, a connection
 /// closed mid-call.
 pub fn fails_over(s: &tonic::Status) -> bool {
-    s.code() == Code::Unavailable
-        || (s.code() != Code::DeadlineExceeded && std::error::Error::source(s).is_some())
+    s.code() == Code::Unavailable || marks_down(s)
 }
 
 /// True for the failures that say the endpoint itself is unwell, which mark it down at
