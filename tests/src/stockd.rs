@@ -331,6 +331,24 @@ pub async fn spawn_stockd_process(
     deps: &Deps<'_>,
     tweak: impl FnOnce(&mut stockd::Config),
 ) -> StockdProcess {
+    start_process(deps, tweak, true).await
+}
+
+/// [`spawn_stockd_process`] that returns once the process listens, ready or not: for a
+/// test of what the rest of the fleet does with a stockd whose health is still
+/// NOT_SERVING (its activities not all available yet).
+pub async fn spawn_stockd_process_listening(
+    deps: &Deps<'_>,
+    tweak: impl FnOnce(&mut stockd::Config),
+) -> StockdProcess {
+    start_process(deps, tweak, false).await
+}
+
+async fn start_process(
+    deps: &Deps<'_>,
+    tweak: impl FnOnce(&mut stockd::Config),
+    wait_ready: bool,
+) -> StockdProcess {
     let dir = tempfile::Builder::new()
         .prefix("seckill-stockd-")
         .tempdir()
@@ -363,7 +381,7 @@ pub async fn spawn_stockd_process(
     let child =
         ChildGuard::spawn("stockd", cmd, &dir.path().join("stockd.log")).expect("spawn stockd");
     let addr = format!("127.0.0.1:{grpc_port}");
-    if tls {
+    if tls || !wait_ready {
         wait_listening("stockd", grpc_port).await;
     } else {
         wait_serving(&addr).await;

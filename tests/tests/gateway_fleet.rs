@@ -19,7 +19,9 @@ use seckill_proto::pb;
 use seckill_tests::gateway::{metric_value, set, spawn_gateway, url_list, EdgeDeps, GatewayHandle};
 use seckill_tests::orderd::spawn_orderd_process;
 use seckill_tests::process::wait_until_async;
-use seckill_tests::stockd::{create_published_activity_with, spawn_stockd_process};
+use seckill_tests::stockd::{
+    create_published_activity_with, spawn_stockd_process, spawn_stockd_process_listening,
+};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 /// Units of the crowd's item; twice as many buyers want one.
@@ -481,6 +483,133 @@ async fn one_activity_rebuilding_marks_no_stockd_down_and_the_others_sell() {
     // The rebuild runs once the row is free; X sells again.
     hold.rollback().await.unwrap();
     let (jwt, token) = buyer(200, (x, x_item)).await;
+    wait_until_async("X sells again", Duration::from_secs(30), || async {
+        gw.reserve(&jwt, x, x_item, &token).await.status == 202
+    })
+    .await;
+}
+
+/// A stockd that listens but is not ready (one of its activities is being rebuilt, so
+/// its `seckill.v1.StockService` health is NOT_SERVING while the server's overall ""
+/// status is SERVING) is marked down by the gateway's health loop and gets no
+/// reservation; once ready it is marked up and sells. (The loop used to ask for "",
+/// which a stockd answers SERVING from its first second, ready or not.)
+///
+/// The rebuild is held back as above: this test's transaction holds the activity's row
+/// of `rebuild_leases`, and the activity's fences are gone, so the new stockd cannot
+/// finish its start-up rebuild until the row is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stockd_not_ready_yet_is_marked_down_by_the_health_loop_until_it_is() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    init_tracing();
+    let redis = RedisCluster::start();
+    let db = TestDb::create().await;
+    let deps = Deps::new(&redis, &db);
+    let stockd_a = spawn_stockd_process(&deps, |_| {}).await;
+    let orderd = spawn_orderd_process(&deps, |_| {}).await;
+    let mut admin = stockd_a.admin_client().await;
+    let hour = Duration::from_secs(3600);
+    let mut sales = Vec::new();
+    for _ in 0..2 {
+        let sale =
+            create_published_activity_with(&mut admin, &[(50, 100)], 2, Duration::ZERO, hour).await;
+        sales.push((sale.id, sale.items[0].id));
+    }
+    let [(x, x_item), (y, y_item)] = sales[..] else {
+        unreachable!()
+    };
+    wait_known(&stockd_a.addr, x, x_item).await;
+    wait_known(&stockd_a.addr, y, y_item).await;
+
+    // X's rebuild is held back, then X's shards are lost.
+    let mut hold = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO rebuild_leases (activity_id, token, holder) VALUES (?, 1, 'test') \
+         ON DUPLICATE KEY UPDATE holder = 'test'",
+    )
+    .bind(x)
+    .execute(&mut *hold)
+    .await
+    .unwrap();
+    let client = redis.client().await;
+    for i in 0..2 {
+        let _: i64 = client.del(keys::fence(x, i)).await.unwrap();
+    }
+
+    // B starts now: it listens, and answers "" SERVING, but not its StockService.
+    let stockd_b = spawn_stockd_process_listening(&deps, |_| {}).await;
+    let status = |service: &'static str| {
+        let addr = stockd_b.addr.clone();
+        async move { seckill_tests::grpc::health(&addr, service).await }
+    };
+    wait_until_async(
+        "B's server to answer health",
+        Duration::from_secs(20),
+        || async { status("").await == ServingStatus::Serving },
+    )
+    .await;
+    assert_eq!(
+        status("seckill.v1.StockService").await,
+        ServingStatus::NotServing,
+        "the premise: B is not ready while X's rebuild is held"
+    );
+
+    let gw = spawn_gateway(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &stockd_a.addr,
+            orderd: &orderd.addr,
+        },
+        |c| {
+            set(
+                c,
+                "upstreams",
+                "stockd",
+                url_list(&[&stockd_a.addr, &stockd_b.addr]),
+            );
+            set(c, "upstreams", "health_interval_ms", 100);
+        },
+    )
+    .await;
+    gw.wait_activity(y).await;
+    wait_gauge(&gw, "stockd", &stockd_a.addr, 1.0).await;
+    wait_gauge(&gw, "stockd", &stockd_b.addr, 0.0).await;
+    // It stays down over many checks, not for one.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let m = gw.metrics().await;
+        assert_eq!(
+            metric_value(
+                &m,
+                "gateway_upstream_healthy",
+                &healthy_labels("stockd", &stockd_b.addr)
+            ),
+            Some(0.0),
+            "B marked up while not ready"
+        );
+    }
+
+    // Y's buyers are all served by A: B, marked down, is never tried.
+    let now = seckill_lua::clock::now_ms() as u64;
+    let before = failovers(&gw, "stockd").await;
+    for i in 0..20 {
+        let jwt = gw.jwt(&format!("y{i}"), 3600, now);
+        let token = gw.purchase_token(&jwt, y, y_item).await;
+        let r = gw.reserve(&jwt, y, y_item, &token).await;
+        assert_eq!(r.status, 202, "buyer {i} of Y: {}", r.body);
+    }
+    assert_eq!(failovers(&gw, "stockd").await, before);
+
+    // The rebuild runs once the row is free: B becomes ready, is marked up, and X sells.
+    hold.rollback().await.unwrap();
+    wait_until_async("B ready", Duration::from_secs(30), || async {
+        status("seckill.v1.StockService").await == ServingStatus::Serving
+    })
+    .await;
+    wait_gauge(&gw, "stockd", &stockd_b.addr, 1.0).await;
+    gw.wait_activity(x).await;
+    let jwt = gw.jwt("x0", 3600, now);
+    let token = gw.purchase_token(&jwt, x, x_item).await;
     wait_until_async("X sells again", Duration::from_secs(30), || async {
         gw.reserve(&jwt, x, x_item, &token).await.status == 202
     })
