@@ -108,8 +108,8 @@ pub struct Metrics {
     /// ABORTED (retry). Before, such a buyer was told SOLD_OUT: a false sold-out.
     pub gave_up: IntCounter,
     /// `stockd_sold_out_marks_refused_total`: looks that found every shard empty but
-    /// set no sold-out flag, because units were between a take and a give or moved
-    /// during the look (`crate::transit`).
+    /// set no sold-out flag, because units were between a take and a give, moved
+    /// during the look, or the look's reads spread too wide (`crate::transit`).
     pub sold_out_marks_refused: IntCounter,
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
@@ -211,7 +211,8 @@ impl Metrics {
         let sold_out_marks_refused = IntCounter::new(
             "stockd_sold_out_marks_refused_total",
             "Looks at every shard that found them empty but set no sold-out flag: units \
-             were moving between shards, or moved during the look",
+             were moving between shards, moved during the look, or the look's reads \
+             spread over more than a second",
         )
         .expect("valid metric");
         let gave_up = IntCounter::new(

@@ -742,7 +742,10 @@ impl App {
             changes,
             ..Look::default()
         };
-        for reply in futures::future::try_join_all(shards).await? {
+        let sent = Instant::now();
+        let replies = futures::future::try_join_all(shards).await?;
+        look.spread = sent.elapsed();
+        for reply in replies {
             let parts = array(reply)?;
             // (The second value, the count of live records, is not needed here: their
             // units say as much.)
@@ -756,10 +759,11 @@ impl App {
     }
 
     /// Marks item `s` sold out after `look` found no units on any shard: refused
-    /// (false, counted) when units were in transit, or when the change count moved
+    /// (false, counted) when units were in transit, when its reads spread too wide to
+    /// be sure of that ([`Look::spread_ok`]), or when the change count moved
     /// ([`Self::mark_sold_out_settled`]).
     pub(crate) async fn mark_after_look(&self, a: u64, s: u64, look: Look) -> Result<bool> {
-        if look.in_transit > 0 {
+        if look.in_transit > 0 || !look.spread_ok() {
             self.metrics.sold_out_marks_refused.inc();
             return Ok(false);
         }

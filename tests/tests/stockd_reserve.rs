@@ -457,7 +457,7 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     const SHARDS: u32 = 8;
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    // A long deadline (records live 3 × 5 s + 1 s): see the move's settle below.
+    // A long deadline (records live 3 × 5 s + 2 s): see the move's settle below.
     let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 5_000).await;
     let act = create_published_activity(&h, &[(80, 500)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
@@ -517,7 +517,7 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
         assert_eq!(r.outcome(), ReserveOutcome::Reserved, "{user}");
     }
     // Those two came by this stockd's own move from shard 3: its take recorded them in
-    // transit there, and it settled after its give. (The records' life is 3 × 5 s + 1 s
+    // transit there, and it settled after its give. (The records' life is 3 × 5 s + 2 s
     // here: gone within 10 s means removed, not expired.)
     assert!(takes(&h) >= 1);
     wait_until_async(
@@ -539,6 +539,87 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     )
     .await;
     assert_eq!(stream_len(&redis, a, SHARDS).await, 3);
+}
+
+/// A look whose shard reads spread over more than a second (a stalled process, a
+/// paused master) sets no sold-out flag, even when every shard it read was empty and
+/// nothing was in transit: a give may have landed on a shard it read early while the
+/// donor's record expired before it read that one (`stockd::transit`). The bound is
+/// what lets a fleet run different `redis.timeout_ms`: no marking look outspreads a
+/// record's slack. (Before, such a look marked.)
+///
+/// The look is the check after a reservation emptied its shard, which looks up to four
+/// times (after 0, 20, 100 and 500 ms). Moves under way (another stockd's takes, never
+/// given) refuse the first three; then the moves settle and one master stops for 2.5 s,
+/// so the fourth look's reads spread over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_whose_reads_spread_over_a_second_sets_no_sold_out_flag() {
+    use seckill_tests::redis::ClusterSpec;
+    init_tracing();
+    const SHARDS: u32 = 4;
+    // No node is suspected over the stall; no read times out in it.
+    let cluster = RedisCluster::start_spec(ClusterSpec::masters(3).node_timeout_ms(30_000));
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 10_000).await;
+    let act = create_published_activity(&h, &[(4, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    let mut c = h.stock_client().await;
+    // A master serving one of the shards but neither shard 0 (the buyers' home) nor the
+    // activity's slot (the change count the look reads first).
+    let spared = [
+        cluster.master_of_key(&keys::changes(a, s)),
+        cluster.master_of_key(&keys::stock(a, 0, s)),
+    ];
+    let stalled = (1..SHARDS)
+        .map(|i| cluster.master_of_key(&keys::stock(a, i, s)))
+        .find(|p| !spared.contains(p))
+        .expect("some shard on a third master");
+    set_shard_stock(&redis, a, s, &[1, 1, 1, 1]).await;
+    for i in 1..SHARDS {
+        let id = format!("peer{i}");
+        assert_eq!(take_in_transit(&redis, (a, i, s), 1, &id, 60_000).await, 1);
+    }
+    let refused = || h.metrics.sold_out_marks_refused.get();
+    let before = refused();
+
+    // The last unit on a shard sells; the check's first three looks see the moves.
+    let user = user_on_shard("last", 0, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    wait_until_async("three looks refused", Duration::from_secs(10), || async {
+        refused() >= before + 3
+    })
+    .await;
+    // Within the 500 ms before the fourth: the moves settle (as a dead mover's records
+    // would expire), and a master stops.
+    for i in 1..SHARDS {
+        settle_by_hand(&redis, (a, i, s), &format!("peer{i}"), 1).await;
+    }
+    let _stall = cluster.stall(stalled, 2_500);
+    assert_eq!(
+        refused(),
+        before + 3,
+        "the fourth look came before the stall"
+    );
+    // The fourth look read every shard empty, nothing in transit and the count
+    // unmoved, but over the stall: refused.
+    wait_until_async(
+        "the fourth look refused",
+        Duration::from_secs(10),
+        || async { refused() >= before + 4 },
+    )
+    .await;
+    assert!(
+        !sold_out_flagged(&redis, a, s).await,
+        "a look spread over 2.5 s marked"
+    );
+
+    // A buyer whose home is empty then runs a round, whose look is quick: sold out.
+    let user = user_on_shard("after", 0, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::SoldOut);
+    assert!(sold_out_flagged(&redis, a, s).await);
 }
 
 /// A buyer whose home is empty and whose last rebalancing round failed (the round's
