@@ -10,7 +10,8 @@
 use crate::ids::ReservationId;
 use crate::keys;
 use crate::scripts::{
-    Script, GIVE, LOOK, REBUILD, RELEASE, RESERVE, SOLDOUT_CLEAR, SOLDOUT_MARK, TAKE, WARM,
+    Script, CHANGES_RAISE, GIVE, LOOK, REBUILD, RELEASE, RESERVE, SOLDOUT_CLEAR, SOLDOUT_MARK,
+    TAKE, WARM,
 };
 use crate::user::{RequestId, UserId};
 use crate::{ActivityId, ItemId, Shard};
@@ -559,6 +560,28 @@ impl Call for SoldOutClearCall {
     const SCRIPT: Script = SOLDOUT_CLEAR;
     fn into_parts(self) -> (Vec<String>, Vec<String>) {
         (self.keys, Vec::new())
+    }
+}
+
+/// CHANGES_RAISE (`scripts/changes_raise.lua`): count a change of `item` (a move
+/// settling); answers the new count.
+#[derive(Debug, Clone)]
+pub struct ChangesRaiseCall {
+    key: String,
+}
+
+impl ChangesRaiseCall {
+    pub fn new(activity: ActivityId, item: ItemId) -> Self {
+        Self {
+            key: keys::changes(activity, item),
+        }
+    }
+}
+
+impl Call for ChangesRaiseCall {
+    const SCRIPT: Script = CHANGES_RAISE;
+    fn into_parts(self) -> (Vec<String>, Vec<String>) {
+        (vec![self.key], Vec::new())
     }
 }
 

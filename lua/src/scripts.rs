@@ -68,6 +68,12 @@ pub const SOLDOUT_CLEAR: Script = Script {
     body: include_str!("../scripts/soldout_clear.lua"),
 };
 
+/// Count a change of an item as a move settles: see `scripts/changes_raise.lua`.
+pub const CHANGES_RAISE: Script = Script {
+    name: "changes_raise",
+    body: include_str!("../scripts/changes_raise.lua"),
+};
+
 /// The gateway's fleet-wide token buckets: see `scripts/fleet_bucket.lua` (called by
 /// the gateway with EVAL, not loaded by stockd).
 pub const FLEET_BUCKET: Script = Script {
@@ -83,7 +89,7 @@ pub const FLEET_SLOTS: Script = Script {
 };
 
 /// Every script, for loading at start-up.
-pub const ALL: [Script; 9] = [
+pub const ALL: [Script; 10] = [
     RESERVE,
     RELEASE,
     TAKE,
@@ -93,6 +99,7 @@ pub const ALL: [Script; 9] = [
     LOOK,
     SOLDOUT_MARK,
     SOLDOUT_CLEAR,
+    CHANGES_RAISE,
 ];
 
 #[cfg(test)]

@@ -43,7 +43,7 @@
 //! concurrent multi-unit buyers took each other's gathered units. The record now rides
 //! on the take.)
 
-use seckill_lua::calls::transit_record;
+use seckill_lua::calls::{transit_record, ChangesRaiseCall};
 use seckill_lua::keys;
 
 use crate::redis::Redis;
@@ -77,18 +77,44 @@ pub(crate) fn move_id() -> String {
 }
 
 /// Settles move `id`'s record of `units` on `donor` after its give landed: raises the
-/// change count of item `s`, then removes the record. A failure leaves the record to
-/// its deadline (the raise must come first: without it, the record may not go).
-pub(crate) async fn settle(redis: &Redis, (a, s, donor): (u64, u64, u32), id: &str, units: i64) {
-    let settled = async {
-        redis.incr(keys::changes(a, s)).await?;
-        redis
-            .zrem(keys::transit(a, donor, s), &transit_record(id, units))
-            .await
-    };
-    if let Err(e) = settled.await {
-        tracing::warn!(a, s, donor, error = %e,
-            "cannot settle a move's units in transit; the record expires");
+/// change count of item `s`, then removes the record. The raise must come first, and
+/// must last: without it the record may not go. So with `redis.replica_acks` > 0 the
+/// raise is sent with its replica `WAIT`, and a raise no replica acknowledged in time
+/// leaves the record to its deadline, as a failed raise does (a failover could lose
+/// the raise and keep the removal, and a look begun before the settle would then see
+/// neither the record nor a changed count). True when the record was removed.
+pub(crate) async fn settle(
+    redis: &Redis,
+    (a, s, donor): (u64, u64, u32),
+    id: &str,
+    units: i64,
+) -> bool {
+    match redis
+        .call_acked(ChangesRaiseCall::new(a, s), &keys::changes(a, s))
+        .await
+    {
+        Ok(acked) if acked.replicated => {}
+        Ok(_) => {
+            tracing::warn!(a, s, donor,
+                "a move's change count is on no replica yet; its record of units in transit expires");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(a, s, donor, error = %e,
+                "cannot raise a move's change count; its record of units in transit expires");
+            return false;
+        }
+    }
+    match redis
+        .zrem(keys::transit(a, donor, s), &transit_record(id, units))
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(a, s, donor, error = %e,
+                "cannot remove a move's record of units in transit; it expires");
+            false
+        }
     }
 }
 

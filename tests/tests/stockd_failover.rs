@@ -474,3 +474,90 @@ async fn a_duplicate_is_answered_only_once_a_replica_holds_the_reservation_it_na
     let again = reserve(&mut c, a, s, "bob", "click-1").await.unwrap();
     assert_eq!(again.reservation_id, dup.reservation_id);
 }
+
+/// Rebalancing takes this stockd made.
+fn takes(h: &StockdHandle) -> u64 {
+    h.metrics
+        .lua_seconds
+        .with_label_values(&["take"])
+        .get_sample_count()
+}
+
+/// A move settles by raising the item's change count and then removing its record of
+/// units in transit (`stockd::transit`). With `redis.replica_acks = 1` the raise is
+/// acknowledged first: while no replica of the count's master answers, the record is
+/// left to its deadline instead of removed. (Before, the raise went without its `WAIT`:
+/// a failover could lose it and keep the removal, and a sold-out look begun before the
+/// settle would then see neither the record nor a changed count, and mark while the
+/// moved units were on their home shard.) With the replica answering, the record goes
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moves_record_stays_until_a_replica_holds_its_raised_change_count() {
+    use fred::prelude::*;
+    use seckill_tests::redis::user_on_shard;
+    use seckill_tests::stockd::set_shard_stock;
+    const SHARDS: u32 = 8;
+    init_tracing();
+    let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.replica_acks = 1;
+        c.redis.replica_ack_timeout_ms = 100;
+        c.redis.timeout_ms = 1000;
+    })
+    .await;
+    let act = create_published_activity(&h, &[(40, 100)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let mut c = h.stock_client().await;
+    let redis = cluster.client().await;
+    // The count's master, and a home and a donor shard on the other masters (their own
+    // replicas answer: the reservation and the move are acknowledged).
+    let counted = cluster.master_of_key(&keys::changes(a, s));
+    let elsewhere: Vec<u32> = (0..SHARDS)
+        .filter(|&i| cluster.master_of_key(&keys::stock(a, i, s)) != counted)
+        .collect();
+    let (home, donor) = (elsewhere[0], elsewhere[1]);
+    let records = || {
+        let redis = redis.clone();
+        async move {
+            let n: i64 = redis.zcard(keys::transit(a, donor, s)).await.unwrap();
+            n
+        }
+    };
+    let only_donor = |n: i64| {
+        let mut stock = vec![0; SHARDS as usize];
+        stock[donor as usize] = n;
+        stock
+    };
+
+    // The replica answers: the move settles, its record goes.
+    set_shard_stock(&redis, a, s, &only_donor(2)).await;
+    let user = user_on_shard("healthy", home, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    assert!(takes(&h) >= 1, "no move");
+    seckill_tests::process::wait_until_async(
+        "the record removed",
+        Duration::from_secs(5),
+        || async { records().await == 0 },
+    )
+    .await;
+
+    // The count's replica stops: the next move's raise is on no replica, so its record
+    // stays.
+    set_shard_stock(&redis, a, s, &only_donor(2)).await;
+    let before = takes(&h);
+    let stall = cluster.stall(cluster.replicas_of(counted)[0], 3000);
+    let user = user_on_shard("stalled", home, SHARDS);
+    let r = reserve(&mut c, a, s, &user, "r").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    assert!(takes(&h) > before, "no move");
+    // The settle's WAIT gives up after 100 ms; well past it, the record is there.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        records().await,
+        1,
+        "the record went with its raise on no replica"
+    );
+    tokio::task::block_in_place(|| stall.join());
+}

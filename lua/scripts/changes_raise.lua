@@ -1,0 +1,11 @@
+-- A move settles (stockd's crate::transit): counts a change of item s before the move's
+-- record of units in transit is removed, so that a sold-out mark decided from a look
+-- begun before the settle is refused (soldout_mark.lua). A script, not a bare INCR, so
+-- that stockd can send it with its replica WAIT (group commit per master) and remove
+-- the record only once a replica holds the raise: a raise lost in a failover, with its
+-- record gone, would let such a look mark.
+--
+-- KEYS[1] changes sk:{a}:changes:<s>
+--
+-- Returns the new count.
+return redis.call('INCR', KEYS[1])
