@@ -329,11 +329,6 @@ impl Redis {
             .sum())
     }
 
-    /// `INCR` of one key.
-    pub async fn incr(&self, key: String) -> Result<i64> {
-        self.deadline(self.client().incr::<i64, _>(key)).await
-    }
-
     /// `ZREM` of one member; true when it was there.
     pub async fn zrem(&self, key: String, member: &str) -> Result<bool> {
         Ok(self

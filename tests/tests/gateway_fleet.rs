@@ -21,6 +21,7 @@ use seckill_tests::orderd::spawn_orderd_process;
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{
     create_published_activity_with, spawn_stockd_process, spawn_stockd_process_listening,
+    StockdProcess,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -90,6 +91,44 @@ async fn wait_known(addr: &str, a: u64, s: u64) {
         },
     )
     .await;
+}
+
+/// Two open activities of one item (50 units over 2 shards) each, made through
+/// `stockd`: `[(activity, item); 2]`.
+async fn two_sales(stockd: &StockdProcess) -> [(u64, u64); 2] {
+    let mut admin = stockd.admin_client().await;
+    let hour = Duration::from_secs(3600);
+    let mut sales = [(0, 0); 2];
+    for sale in &mut sales {
+        let made =
+            create_published_activity_with(&mut admin, &[(50, 100)], 2, Duration::ZERO, hour).await;
+        *sale = (made.id, made.items[0].id);
+    }
+    sales
+}
+
+/// Holds activity `a`'s rebuild back (the returned transaction holds its row of
+/// `rebuild_leases`, which a rebuilding stockd's lease must raise; roll it back to let
+/// the rebuild run), then loses its 2 shards' Redis state (their fences).
+async fn hold_rebuild_and_lose_shards(
+    db: &TestDb,
+    redis: &RedisCluster,
+    a: u64,
+) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut hold = db.pool().begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO rebuild_leases (activity_id, token, holder) VALUES (?, 1, 'test') \
+         ON DUPLICATE KEY UPDATE holder = 'test'",
+    )
+    .bind(a)
+    .execute(&mut *hold)
+    .await
+    .unwrap();
+    let client = redis.client().await;
+    for i in 0..2 {
+        let _: i64 = client.del(keys::fence(a, i)).await.unwrap();
+    }
+    hold
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,17 +402,7 @@ async fn one_activity_rebuilding_marks_no_stockd_down_and_the_others_sell() {
     let stockd_a = spawn_stockd_process(&deps, |_| {}).await;
     let stockd_b = spawn_stockd_process(&deps, |_| {}).await;
     let orderd = spawn_orderd_process(&deps, |_| {}).await;
-    let mut admin = stockd_a.admin_client().await;
-    let hour = Duration::from_secs(3600);
-    let mut sales = Vec::new();
-    for _ in 0..2 {
-        let sale =
-            create_published_activity_with(&mut admin, &[(50, 100)], 2, Duration::ZERO, hour).await;
-        sales.push((sale.id, sale.items[0].id));
-    }
-    let [(x, x_item), (y, y_item)] = sales[..] else {
-        unreachable!()
-    };
+    let [(x, x_item), (y, y_item)] = two_sales(&stockd_a).await;
     for s in [&stockd_a, &stockd_b] {
         wait_known(&s.addr, x, x_item).await;
         wait_known(&s.addr, y, y_item).await;
@@ -416,19 +445,7 @@ async fn one_activity_rebuilding_marks_no_stockd_down_and_the_others_sell() {
 
     // X's rebuild is held back, then X's shards are lost: every stockd answers X with
     // UNAVAILABLE ("being rebuilt", or "lost its Redis state") until the rebuild runs.
-    let mut hold = db.pool().begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO rebuild_leases (activity_id, token, holder) VALUES (?, 1, 'test') \
-         ON DUPLICATE KEY UPDATE holder = 'test'",
-    )
-    .bind(x)
-    .execute(&mut *hold)
-    .await
-    .unwrap();
-    let client = redis.client().await;
-    for i in 0..2 {
-        let _: i64 = client.del(keys::fence(x, i)).await.unwrap();
-    }
+    let hold = hold_rebuild_and_lose_shards(&db, &redis, x).await;
     let ready = || async {
         reqwest::get(format!("{}/readyz", gw.admin_url()))
             .await
@@ -507,34 +524,12 @@ async fn a_stockd_not_ready_yet_is_marked_down_by_the_health_loop_until_it_is() 
     let deps = Deps::new(&redis, &db);
     let stockd_a = spawn_stockd_process(&deps, |_| {}).await;
     let orderd = spawn_orderd_process(&deps, |_| {}).await;
-    let mut admin = stockd_a.admin_client().await;
-    let hour = Duration::from_secs(3600);
-    let mut sales = Vec::new();
-    for _ in 0..2 {
-        let sale =
-            create_published_activity_with(&mut admin, &[(50, 100)], 2, Duration::ZERO, hour).await;
-        sales.push((sale.id, sale.items[0].id));
-    }
-    let [(x, x_item), (y, y_item)] = sales[..] else {
-        unreachable!()
-    };
+    let [(x, x_item), (y, y_item)] = two_sales(&stockd_a).await;
     wait_known(&stockd_a.addr, x, x_item).await;
     wait_known(&stockd_a.addr, y, y_item).await;
 
     // X's rebuild is held back, then X's shards are lost.
-    let mut hold = db.pool().begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO rebuild_leases (activity_id, token, holder) VALUES (?, 1, 'test') \
-         ON DUPLICATE KEY UPDATE holder = 'test'",
-    )
-    .bind(x)
-    .execute(&mut *hold)
-    .await
-    .unwrap();
-    let client = redis.client().await;
-    for i in 0..2 {
-        let _: i64 = client.del(keys::fence(x, i)).await.unwrap();
-    }
+    let hold = hold_rebuild_and_lose_shards(&db, &redis, x).await;
 
     // B starts now: it listens, and answers "" SERVING, but not its StockService.
     let stockd_b = spawn_stockd_process_listening(&deps, |_| {}).await;

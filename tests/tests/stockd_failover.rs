@@ -328,17 +328,19 @@ struct AckedSale {
     replica: u16,
 }
 
+/// A stockd that waits for one replica, briefly (100 ms), within 1 s per Redis call.
+fn acked(c: &mut stockd::Config) {
+    c.redis.replica_acks = 1;
+    c.redis.replica_ack_timeout_ms = 100;
+    c.redis.timeout_ms = 1000;
+}
+
 impl AckedSale {
     async fn start() -> Self {
         init_tracing();
         let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
         let db = TestDb::create().await;
-        let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-            c.redis.replica_acks = 1;
-            c.redis.replica_ack_timeout_ms = 100;
-            c.redis.timeout_ms = 1000;
-        })
-        .await;
+        let h = spawn_stockd(&Deps::new(&cluster, &db), acked).await;
         let act = create_published_activity(&h, &[(5, 100)], 1, Duration::ZERO, HOUR).await;
         let (a, s) = (act.id, act.items[0].id);
         let master = cluster.master_of_key(&keys::fence(a, 0));
@@ -500,12 +502,7 @@ async fn a_moves_record_stays_until_a_replica_holds_its_raised_change_count() {
     init_tracing();
     let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
     let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.redis.replica_acks = 1;
-        c.redis.replica_ack_timeout_ms = 100;
-        c.redis.timeout_ms = 1000;
-    })
-    .await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), acked).await;
     let act = create_published_activity(&h, &[(40, 100)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let mut c = h.stock_client().await;
