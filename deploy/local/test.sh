@@ -43,21 +43,44 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=""
-for _ in $(seq 50); do
-    candidate=$((20000 + RANDOM % 30000))
-    tcp_open "$candidate" || { port=$candidate; break; }
-done
-[ -n "$port" ] || die "no free port for the suite's MariaDB"
 mariadb-install-db --no-defaults --datadir="$SUITE_DIR/data" --auth-root-authentication-method=normal \
     --skip-test-db --user="$(id -un)" >"$SUITE_DIR/install.log" 2>&1 || { cat "$SUITE_DIR/install.log" >&2; die "mariadb-install-db failed"; }
-mariadbd --no-defaults --datadir="$SUITE_DIR/data" --port="$port" --bind-address=127.0.0.1 \
-    --socket="$SUITE_DIR/mysqld.sock" --pid-file="$SUITE_DIR/mysqld.pid" --user="$(id -un)" --skip-log-bin \
-    --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --max-connections=1000 \
-    >"$SUITE_DIR/mariadbd.log" 2>&1 &
-MYSQL_PID=$!
-wait_for "suite MariaDB" 30 mariadb -h127.0.0.1 -P"$port" -uroot -e 'SELECT 1' \
-    || { cat "$SUITE_DIR/mariadbd.log" >&2; die "the suite's MariaDB did not start"; }
+# A free port below the kernel's ephemeral range (the suite's own outgoing connections take
+# ports from that range, and one took the chosen port between the check and the bind in a CI
+# run); a start that still loses its port to someone else tries another.
+low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "${low:-0}" -gt 21000 ] 2>/dev/null || low=32768
+free_port() {
+    local candidate
+    for _ in $(seq 50); do
+        candidate=$((20000 + RANDOM % (low - 20000)))
+        tcp_open "$candidate" || { echo "$candidate"; return 0; }
+    done
+    return 1
+}
+port=""
+for attempt in 1 2 3; do
+    port=$(free_port) || die "no free port for the suite's MariaDB"
+    mariadbd --no-defaults --datadir="$SUITE_DIR/data" --port="$port" --bind-address=127.0.0.1 \
+        --socket="$SUITE_DIR/mysqld.sock" --pid-file="$SUITE_DIR/mysqld.pid" --user="$(id -un)" --skip-log-bin \
+        --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=2 --max-connections=1000 \
+        >"$SUITE_DIR/mariadbd.log" 2>&1 &
+    MYSQL_PID=$!
+    # Until it answers, for 30 s, or until it exits (a lost bind aborts it at once).
+    up=0
+    for _ in $(seq 300); do
+        mariadb -h127.0.0.1 -P"$port" -uroot -e 'SELECT 1' >/dev/null 2>&1 && { up=1; break; }
+        kill -0 "$MYSQL_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    [ "$up" = 1 ] && break
+    if grep -q "Address already in use" "$SUITE_DIR/mariadbd.log" && [ "$attempt" -lt 3 ]; then
+        log "port $port was taken before MariaDB bound it; trying another"
+        wait "$MYSQL_PID" 2>/dev/null
+        continue
+    fi
+    cat "$SUITE_DIR/mariadbd.log" >&2; die "the suite's MariaDB did not start"
+done
 export SECKILL_TEST_MYSQL_URL="mysql://root@127.0.0.1:$port"
 log "suite MariaDB on 127.0.0.1:$port"
 
