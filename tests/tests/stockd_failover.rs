@@ -36,6 +36,9 @@ struct Seen {
     /// Users with a final answer (RESERVED, DUPLICATE, SOLD_OUT).
     done: HashSet<String>,
     unavailable: u64,
+    /// ABORTED answers: contention over the last units (the recompute after a loss
+    /// moves them); like UNAVAILABLE, the buyer retries with the same request id.
+    busy: u64,
     /// RESERVED answers on the failed master's shards after the kill, ms after it.
     after_kill_ms: Vec<u128>,
 }
@@ -89,6 +92,7 @@ async fn buy(
                         }
                         seen.done.insert(user);
                     }
+                    Ok(Err(e)) if e.code() == tonic::Code::Aborted => seen.busy += 1,
                     Ok(Err(e)) => {
                         assert_eq!(e.code(), tonic::Code::Unavailable, "{user}: {e:?}");
                         seen.unavailable += 1;
@@ -249,10 +253,11 @@ async fn failover_under_load(replica_acks: u32) -> Outcome {
     let first_202 = seen.after_kill_ms.iter().min().copied();
     eprintln!(
         "failover report (replica_acks={replica_acks}): kill -> next RESERVED on the failed \
-         master's shards {first_202:?} ms; UNAVAILABLE answers {}; RESERVED {}; lost 202s {}; \
-         orders active {active}; Redis remaining {remaining}; stockd lost (promised) {}, \
+         master's shards {first_202:?} ms; UNAVAILABLE answers {}; ABORTED (busy) {}; RESERVED {}; \
+         lost 202s {}; orders active {active}; Redis remaining {remaining}; stockd lost (promised) {}, \
          unconfirmed {}, replica ack timeouts {}; scripts reloaded after NOSCRIPT {} time(s)",
         seen.unavailable,
+        seen.busy,
         seen.reserved.len(),
         lost_202s.len(),
         h.metrics.lost_reservations_total(),
