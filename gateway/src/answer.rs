@@ -486,23 +486,40 @@ pub fn json_wire(status: u16, body: &[u8], trace: Option<&TraceParent>, out: &mu
     out.extend_from_slice(body);
 }
 
-/// [`json_wire`] for a body its maker appended to `out` at `body_at` (the challenge
-/// issue signs its puzzle where it lies in the answer): the head is written after
-/// it, then the two are swapped in place, so the body needs no buffer of its own.
-pub fn json_wire_before(
+/// [`json_wire`] for a body its maker appends to `out` (the challenge issue signs its
+/// puzzle where it lies in the answer), so the body needs no buffer of its own. The
+/// head goes first with a three-digit `Content-Length` filled in once the body is
+/// written: a puzzle's answer is 100..=999 bytes. A body of another length is moved
+/// behind a head written again (`{"required":false}`, a very long user id).
+pub fn json_wire_with(
     status: u16,
-    body_at: usize,
     trace: Option<&TraceParent>,
     out: &mut Vec<u8>,
+    body: impl FnOnce(&mut Vec<u8>),
 ) {
+    const GUESS: std::ops::Range<usize> = 100..1000;
+    let start = out.len();
+    let digits = json_head(status, GUESS.start, trace, out);
+    let body_at = out.len();
+    body(out);
     let body_len = out.len() - body_at;
-    json_head(status, body_len, trace, out);
-    out[body_at..].rotate_left(body_len);
+    if GUESS.contains(&body_len) {
+        out[digits..digits + 3].copy_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+    } else {
+        out.drain(start..body_at);
+        json_head(status, body_len, trace, out);
+        out[start..].rotate_left(body_len);
+    }
 }
 
 /// The head of [`json_wire`], written without `core::fmt` (the challenge issue is a
-/// hot path).
-fn json_head(status: u16, body_len: usize, trace: Option<&TraceParent>, out: &mut Vec<u8>) {
+/// hot path). Returns where the `Content-Length` digits are in `out`.
+fn json_head(
+    status: u16,
+    body_len: usize,
+    trace: Option<&TraceParent>,
+    out: &mut Vec<u8>,
+) -> usize {
     let reason = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
@@ -512,6 +529,7 @@ fn json_head(status: u16, body_len: usize, trace: Option<&TraceParent>, out: &mu
     out.push(b' ');
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
+    let digits = out.len();
     push_decimal(out, body_len as u64);
     out.extend_from_slice(b"\r\nCache-Control: no-store\r\n");
     if let Some(t) = trace {
@@ -522,6 +540,7 @@ fn json_head(status: u16, body_len: usize, trace: Option<&TraceParent>, out: &mu
     out.extend_from_slice(b"Date: ");
     out.extend_from_slice(pingora::protocols::http::date::get_cached_date().as_bytes());
     out.extend_from_slice(b"\r\nConnection: keep-alive\r\n\r\n");
+    digits
 }
 
 /// Appends `n` in decimal, as `Display` writes it (without `core::fmt`'s machinery:
@@ -580,30 +599,47 @@ mod tests {
     #[test]
     fn the_fast_lanes_json_wire_is_the_built_answers_byte_for_byte() {
         let trace = TraceParent::start([7; 16], [9; 8]);
+        // Short (the head is written again), three digits (filled in), four digits.
+        let long = |n: usize| format!(r#"{{"challenge":"{}"}}"#, "x".repeat(n - 16));
+        let bodies = [
+            r#"{"required":false}"#.to_string(),
+            long(100),
+            long(531),
+            long(999),
+            long(1000),
+        ];
         for (status, trace) in [(200, Some(&trace)), (200, None), (202, Some(&trace))] {
-            let body = br#"{"required":false}"#;
-            let mut extra = vec![("cache-control", "no-store".to_string())];
-            if let Some(t) = trace {
-                extra.push(("traceparent", t.to_string()));
-            }
-            let mut built = Vec::new();
-            Canned::build(status, "application/json", Bytes::from_static(body), &extra)
+            for body in &bodies {
+                let body = body.as_bytes();
+                let mut extra = vec![("cache-control", "no-store".to_string())];
+                if let Some(t) = trace {
+                    extra.push(("traceparent", t.to_string()));
+                }
+                let mut built = Vec::new();
+                Canned::build(
+                    status,
+                    "application/json",
+                    Bytes::copy_from_slice(body),
+                    &extra,
+                )
                 .wire(&mut built);
-            let mut direct = Vec::new();
-            json_wire(status, body, trace, &mut direct);
-            assert_eq!(
-                String::from_utf8(direct).unwrap(),
-                String::from_utf8(built.clone()).unwrap()
-            );
-            // The body written first, after an earlier answer, the head put before it.
-            let mut in_place = b"earlier answer".to_vec();
-            in_place.extend_from_slice(body);
-            json_wire_before(status, 14, trace, &mut in_place);
-            assert_eq!(in_place[..14], *b"earlier answer");
-            assert_eq!(
-                String::from_utf8(in_place[14..].to_vec()).unwrap(),
-                String::from_utf8(built).unwrap()
-            );
+                let mut direct = Vec::new();
+                json_wire(status, body, trace, &mut direct);
+                assert_eq!(
+                    String::from_utf8(direct).unwrap(),
+                    String::from_utf8(built.clone()).unwrap()
+                );
+                // The body written by its maker, after an earlier answer.
+                let mut in_place = b"earlier answer".to_vec();
+                json_wire_with(status, trace, &mut in_place, |out| {
+                    out.extend_from_slice(body)
+                });
+                assert_eq!(in_place[..14], *b"earlier answer");
+                assert_eq!(
+                    String::from_utf8(in_place[14..].to_vec()).unwrap(),
+                    String::from_utf8(built).unwrap()
+                );
+            }
         }
     }
 

@@ -532,10 +532,10 @@ fn gated(
             (r.outcome(), r.status())
         }
         None => {
-            // The body is written first, straight into `out`, then its head before it.
-            let body_at = out.len();
-            body(cx, user.as_deref().unwrap_or_default(), out);
-            answer::json_wire_before(200, body_at, Some(&trace), out);
+            // The body is written straight into `out`, behind its head.
+            answer::json_wire_with(200, Some(&trace), out, |out| {
+                body(cx, user.as_deref().unwrap_or_default(), out)
+            });
             (Outcome::Ok, 200)
         }
     };
