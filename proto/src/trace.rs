@@ -13,8 +13,13 @@ pub const METADATA: &str = "traceparent";
 
 /// A valid `traceparent`, always in version `00` form:
 /// `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>` (55 bytes, lower case).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceParent(String);
+/// Held inline, not on the heap: the edge makes one for every request it answers.
+/// Every constructor writes ASCII only (hex digits and dashes).
+#[derive(Clone, PartialEq, Eq)]
+pub struct TraceParent([u8; LEN]);
+
+/// The length of a version-`00` trace context.
+const LEN: usize = 55;
 
 fn lower_hex(s: &str) -> bool {
     s.bytes()
@@ -25,26 +30,14 @@ fn not_zero(s: &str) -> bool {
     s.bytes().any(|b| b != b'0')
 }
 
-/// Appends the lower-case hex of `bytes` (at most 16) to `out`, without a temporary
-/// string per byte: a trace context is made for every request the edge answers.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    let mut buf = [0u8; 32];
-    let buf = &mut buf[..2 * bytes.len()];
-    if hex::encode_to_slice(bytes, buf).is_ok() {
-        out.push_str(std::str::from_utf8(buf).unwrap_or_default());
-    }
-}
-
-/// `00-<trace>-<span>-<flags>`, written once into a string of the final size.
-fn assemble(trace: impl FnOnce(&mut String), span: [u8; 8], flags: &str) -> TraceParent {
-    let mut s = String::with_capacity(55);
-    s.push_str("00-");
-    trace(&mut s);
-    s.push('-');
-    push_hex(&mut s, &TraceParent::nonzero_span(span));
-    s.push('-');
-    s.push_str(flags);
-    TraceParent(s)
+/// `00-<trace>-<span>-<flags>`: `trace` writes the 32 hex digits of the trace id.
+fn assemble(trace: impl FnOnce(&mut [u8]), span: [u8; 8], flags: &[u8]) -> TraceParent {
+    let mut b = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    trace(&mut b[3..35]);
+    // The slices are exactly twice the bytes' lengths: the encodings cannot fail.
+    let _ = hex::encode_to_slice(TraceParent::nonzero_span(span), &mut b[36..52]);
+    b[53..55].copy_from_slice(flags);
+    TraceParent(b)
 }
 
 impl TraceParent {
@@ -78,7 +71,7 @@ impl TraceParent {
         if !not_zero(trace) || !not_zero(parent) {
             return None;
         }
-        Some(Self(format!("00-{trace}-{parent}-{flags}")))
+        Some(assemble_parsed(trace, parent, flags))
     }
 
     /// A new trace: `trace` and `span` random bytes from the caller (an all-zero
@@ -88,13 +81,23 @@ impl TraceParent {
         if trace.iter().all(|&b| b == 0) {
             trace[15] = 1;
         }
-        assemble(|s| push_hex(s, &trace), span, "01")
+        assemble(
+            |out| {
+                let _ = hex::encode_to_slice(trace, out);
+            },
+            span,
+            b"01",
+        )
     }
 
     /// The same trace with this hop's own span id as the parent (what a hop that
     /// forwards a request sends on).
     pub fn child(&self, span: [u8; 8]) -> Self {
-        assemble(|s| s.push_str(self.trace_id()), span, self.flags())
+        assemble(
+            |out| out.copy_from_slice(&self.0[3..35]),
+            span,
+            &self.0[53..55],
+        )
     }
 
     /// `span`, an all-zero draw (which the spec forbids) nudged to 1.
@@ -107,27 +110,41 @@ impl TraceParent {
 
     /// The 32 hex digits naming the whole trace (what the logs and answers show).
     pub fn trace_id(&self) -> &str {
-        &self.0[3..35]
+        &self.as_str()[3..35]
     }
 
     /// The 16 hex digits of the parent span.
     pub fn parent_id(&self) -> &str {
-        &self.0[36..52]
-    }
-
-    fn flags(&self) -> &str {
-        &self.0[53..55]
+        &self.as_str()[36..52]
     }
 
     /// The header value.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // ASCII by construction (see the type), so this never falls back.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
+}
+
+/// A trace context of parts [`TraceParent::parse`] checked (lower-case hex of the
+/// right lengths), in version `00` form.
+fn assemble_parsed(trace: &str, parent: &str, flags: &str) -> TraceParent {
+    let mut b = [b'-'; LEN];
+    b[..2].copy_from_slice(b"00");
+    b[3..35].copy_from_slice(trace.as_bytes());
+    b[36..52].copy_from_slice(parent.as_bytes());
+    b[53..55].copy_from_slice(flags.as_bytes());
+    TraceParent(b)
 }
 
 impl std::fmt::Display for TraceParent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for TraceParent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TraceParent").field(&self.as_str()).finish()
     }
 }
 
@@ -188,5 +205,11 @@ mod tests {
         assert_eq!(c.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(c.parent_id(), "0707070707070707");
         assert!(c.as_str().ends_with("-01"));
+        let unsampled = TraceParent::parse(&GOOD.replace("-01", "-00")).unwrap();
+        assert!(unsampled
+            .child([7; 8])
+            .as_str()
+            .ends_with("-0707070707070707-00"));
+        assert_eq!(format!("{c:?}"), format!("TraceParent({:?})", c.as_str()));
     }
 }
