@@ -433,6 +433,29 @@ pub async fn reserve(
     .map(|r| r.into_inner())
 }
 
+/// [`reserve`] as a client follows the contract: ABORTED ("could not gather the units
+/// under contention; retry with the same request id", docs/stockd.md) is sent again
+/// with the same request id, up to 5 times with a growing pause; any other answer is
+/// returned. For tests where more buyers than units arrive at once.
+pub async fn reserve_retrying_busy(
+    c: &mut StockClient,
+    activity: u64,
+    item: u64,
+    user: &str,
+    request: &str,
+) -> Result<pb::ReserveResponse, tonic::Status> {
+    let mut tries = 0;
+    loop {
+        match reserve(c, activity, item, user, request).await {
+            Err(e) if e.code() == tonic::Code::Aborted && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// One entry of a `ReserveBatch` or `ReserveStream` message (no trace, no tag, no
 /// timeout; `quantity` 0 means 1).
 pub fn batch_entry(

@@ -10,7 +10,9 @@ use futures::StreamExt;
 use seckill_proto::pb::{self, ChangeOutcome, ReserveOutcome};
 use seckill_tests::orderd::{count_orders, mysql_stock, spawn_orderd, wait_orders};
 use seckill_tests::process::wait_until_async;
-use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd};
+use seckill_tests::stockd::{
+    create_published_activity, reserve, reserve_retrying_busy, spawn_stockd,
+};
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 #[tokio::test]
@@ -35,7 +37,9 @@ async fn with_stockd_in_front_every_unit_becomes_one_order_and_a_cancelled_unit_
             let mut c = stock_client.clone();
             async move {
                 let user = format!("fan-{u}");
-                let r = reserve(&mut c, a, s, &user, "q").await.expect("reserve");
+                let r = reserve_retrying_busy(&mut c, a, s, &user, "q")
+                    .await
+                    .expect("reserve");
                 (user, r)
             }
         })

@@ -18,8 +18,9 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, set_shard_stock, set_sold_out_flag, settle_by_hand, shard_stock,
-    sold_out_flagged, spawn_stockd, stream_len, take_in_transit, StockClient, StockdHandle,
+    create_published_activity, reserve, reserve_retrying_busy, set_shard_stock, set_sold_out_flag,
+    settle_by_hand, shard_stock, sold_out_flagged, spawn_stockd, stream_len, take_in_transit,
+    StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
@@ -31,24 +32,6 @@ fn takes(h: &StockdHandle) -> u64 {
         .lua_seconds
         .with_label_values(&["take"])
         .get_sample_count()
-}
-
-async fn reserve(
-    c: &mut StockClient,
-    a: u64,
-    s: u64,
-    user: &str,
-    req: &str,
-) -> Result<pb::ReserveResponse, tonic::Status> {
-    c.reserve(pb::ReserveRequest {
-        activity_id: a,
-        item_id: s,
-        user_id: user.into(),
-        request_id: req.into(),
-        ..Default::default()
-    })
-    .await
-    .map(|r| r.into_inner())
 }
 
 async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutcome {
@@ -77,16 +60,8 @@ async fn crowd(
         .map(|(user, req)| {
             let mut c = c.clone();
             tokio::spawn(async move {
-                let mut tries = 0;
-                loop {
-                    match reserve(&mut c, a, s, &user, &req).await {
-                        Err(e) if e.code() == tonic::Code::Aborted && tries < 5 => {
-                            tries += 1;
-                            tokio::time::sleep(Duration::from_millis(20 * tries)).await;
-                        }
-                        r => return (user, r),
-                    }
-                }
+                let r = reserve_retrying_busy(&mut c, a, s, &user, &req).await;
+                (user, r)
             })
         })
         .collect();
@@ -287,7 +262,7 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     let calls = buyers.iter().map(|user| {
         let (mut c, user) = (c.clone(), user.clone());
         tokio::spawn(async move {
-            let r = reserve(&mut c, a, s, &user, &format!("{user}-r")).await;
+            let r = reserve_retrying_busy(&mut c, a, s, &user, &format!("{user}-r")).await;
             (user, r.map(|r| r.outcome()), started.elapsed())
         })
     });
