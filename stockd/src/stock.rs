@@ -640,6 +640,8 @@ impl App {
         // miss the units. The give itself is bounded by the deadline; the time before
         // it is sent is not (a stalled runtime answers a timely reply late). Past the
         // budget the units are held back (undersell) until the rebuild started here.
+        // The test suite stalls the process here (`stockd_give_budget`).
+        fail::fail_point!("stockd::move::before_give");
         let budget = transit::give_budget_ms(self.config.redis.timeout_ms);
         if sent.elapsed().as_millis() > u128::from(budget) {
             tracing::warn!(
