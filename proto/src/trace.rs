@@ -71,7 +71,11 @@ impl TraceParent {
         if !not_zero(trace) || !not_zero(parent) {
             return None;
         }
-        Some(assemble_parsed(trace, parent, flags))
+        // The version-00 prefix, checked above: lower-case hex and dashes only.
+        let mut out = [0; LEN];
+        out.copy_from_slice(&b[..LEN]);
+        out[..2].copy_from_slice(b"00");
+        Some(Self(out))
     }
 
     /// A new trace: `trace` and `span` random bytes from the caller (an all-zero
@@ -123,17 +127,6 @@ impl TraceParent {
         // ASCII by construction (see the type), so this never falls back.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
-}
-
-/// A trace context of parts [`TraceParent::parse`] checked (lower-case hex of the
-/// right lengths), in version `00` form.
-fn assemble_parsed(trace: &str, parent: &str, flags: &str) -> TraceParent {
-    let mut b = [b'-'; LEN];
-    b[..2].copy_from_slice(b"00");
-    b[3..35].copy_from_slice(trace.as_bytes());
-    b[36..52].copy_from_slice(parent.as_bytes());
-    b[53..55].copy_from_slice(flags.as_bytes());
-    TraceParent(b)
 }
 
 impl std::fmt::Display for TraceParent {

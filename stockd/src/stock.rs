@@ -699,9 +699,7 @@ impl App {
         }
         let settle = {
             let redis = redis.clone();
-            tokio::spawn(async move {
-                transit::settle(&redis, (a, item, donor), &id, taken).await;
-            })
+            tokio::spawn(async move { transit::settle(&redis, (a, item, donor), &id, taken).await })
         };
         Ok(Step::Moved(taken, settle))
     }

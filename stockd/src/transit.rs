@@ -82,13 +82,8 @@ pub(crate) fn move_id() -> String {
 /// raise is sent with its replica `WAIT`, and a raise no replica acknowledged in time
 /// leaves the record to its deadline, as a failed raise does (a failover could lose
 /// the raise and keep the removal, and a look begun before the settle would then see
-/// neither the record nor a changed count). True when the record was removed.
-pub(crate) async fn settle(
-    redis: &Redis,
-    (a, s, donor): (u64, u64, u32),
-    id: &str,
-    units: i64,
-) -> bool {
+/// neither the record nor a changed count).
+pub(crate) async fn settle(redis: &Redis, (a, s, donor): (u64, u64, u32), id: &str, units: i64) {
     match redis
         .call_acked(ChangesRaiseCall::new(a, s), &keys::changes(a, s))
         .await
@@ -97,24 +92,20 @@ pub(crate) async fn settle(
         Ok(_) => {
             tracing::warn!(a, s, donor,
                 "a move's change count is on no replica yet; its record of units in transit expires");
-            return false;
+            return;
         }
         Err(e) => {
             tracing::warn!(a, s, donor, error = %e,
                 "cannot raise a move's change count; its record of units in transit expires");
-            return false;
+            return;
         }
     }
-    match redis
+    if let Err(e) = redis
         .zrem(keys::transit(a, donor, s), &transit_record(id, units))
         .await
     {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(a, s, donor, error = %e,
-                "cannot remove a move's record of units in transit; it expires");
-            false
-        }
+        tracing::warn!(a, s, donor, error = %e,
+            "cannot remove a move's record of units in transit; it expires");
     }
 }
 

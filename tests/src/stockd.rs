@@ -620,6 +620,24 @@ pub async fn settle_by_hand(
         .expect("ZREM transit");
 }
 
+/// Rebalancing takes (`TAKE` Lua calls) stockd `h` has made.
+pub fn takes(h: &StockdHandle) -> u64 {
+    h.metrics
+        .lua_seconds
+        .with_label_values(&["take"])
+        .get_sample_count()
+}
+
+/// Shard `i`'s look at item `s` (`look.lua`): (units, live records of units in transit,
+/// their units).
+pub async fn look_at(redis: &fred::clients::Client, a: u64, i: u32, s: u64) -> (i64, i64, i64) {
+    let reply = crate::redis::call(redis, seckill_lua::calls::LookCall::new(a, i, s))
+        .await
+        .into_array();
+    let n = |k: usize| reply[k].as_i64().unwrap();
+    (n(0), n(1), n(2))
+}
+
 /// Whether the sold-out flag of `(activity, item)` is set.
 pub async fn sold_out_flagged(redis: &fred::clients::Client, activity: u64, item: u64) -> bool {
     use fred::interfaces::KeysInterface;

@@ -482,14 +482,6 @@ async fn a_duplicate_is_answered_only_once_a_replica_holds_the_reservation_it_na
     assert_eq!(again.reservation_id, dup.reservation_id);
 }
 
-/// Rebalancing takes this stockd made.
-fn takes(h: &StockdHandle) -> u64 {
-    h.metrics
-        .lua_seconds
-        .with_label_values(&["take"])
-        .get_sample_count()
-}
-
 /// A move settles by raising the item's change count and then removing its record of
 /// units in transit (`stockd::transit`). With `redis.replica_acks = 1` the raise is
 /// acknowledged first: while no replica of the count's master answers, the record is
@@ -502,7 +494,7 @@ fn takes(h: &StockdHandle) -> u64 {
 async fn a_moves_record_stays_until_a_replica_holds_its_raised_change_count() {
     use fred::prelude::*;
     use seckill_tests::redis::user_on_shard;
-    use seckill_tests::stockd::set_shard_stock;
+    use seckill_tests::stockd::{set_shard_stock, takes};
     const SHARDS: u32 = 8;
     init_tracing();
     let cluster = RedisCluster::start_replicated(3, 1, Persistence::None);

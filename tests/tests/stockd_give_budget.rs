@@ -15,12 +15,12 @@
 
 use std::time::{Duration, Instant};
 
-use seckill_lua::calls::{LookCall, SoldOutMarkCall};
+use seckill_lua::calls::SoldOutMarkCall;
 use seckill_lua::keys;
 use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::redis::{call, connect, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, reserve, set_shard_stock, sold_out_flagged, spawn_stockd,
+    create_published_activity, look_at, reserve, set_shard_stock, sold_out_flagged, spawn_stockd,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -29,12 +29,6 @@ const SHARDS: u32 = 4;
 const UNITS: u32 = 4;
 /// Longer than a record's lifetime at `redis.timeout_ms` = 500 (3,501 ms).
 const STALL_MS: u64 = 5_000;
-
-/// A shard's look (`look.lua`): (units, live records of units in transit).
-async fn look(redis: &fred::clients::Client, a: u64, i: u32, s: u64) -> (i64, i64) {
-    let reply = call(redis, LookCall::new(a, i, s)).await.into_array();
-    (reply[0].as_i64().unwrap(), reply[1].as_i64().unwrap())
-}
 
 /// The other stockd's sold-out check, once the mover's record has expired: the change
 /// count, a look at every shard, and the mark when every shard is empty with nothing
@@ -48,19 +42,19 @@ fn mark_once_the_record_expired(url: String, a: u64, s: u64, donor: u32) -> i64 
         use fred::interfaces::KeysInterface;
         let redis = connect(&url).await;
         let until = Instant::now() + Duration::from_secs(20);
-        while look(&redis, a, donor, s).await.1 == 0 {
+        while look_at(&redis, a, donor, s).await.1 == 0 {
             assert!(Instant::now() < until, "the take never recorded its units");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        while look(&redis, a, donor, s).await.1 > 0 {
+        while look_at(&redis, a, donor, s).await.1 > 0 {
             assert!(Instant::now() < until, "the record never expired");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let changes: Option<String> = redis.get(keys::changes(a, s)).await.unwrap();
         for i in 0..SHARDS {
             assert_eq!(
-                look(&redis, a, i, s).await,
-                (0, 0),
+                look_at(&redis, a, i, s).await,
+                (0, 0, 0),
                 "shard {i}: units are seen"
             );
         }
@@ -129,7 +123,7 @@ async fn a_take_answered_after_the_give_budget_is_not_given_and_every_unit_still
     let flagged = sold_out_flagged(&redis, a, s).await;
     let mut units = 0;
     for i in 0..SHARDS {
-        units += look(&redis, a, i, s).await.0;
+        units += look_at(&redis, a, i, s).await.0;
     }
     assert!(
         !(flagged && units > 0),

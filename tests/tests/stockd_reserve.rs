@@ -11,28 +11,20 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use fred::prelude::*;
-use seckill_lua::calls::{Call, LookCall, ReserveCall, SoldOutClearCall, SoldOutMarkCall};
+use seckill_lua::calls::{Call, ReserveCall, SoldOutClearCall, SoldOutMarkCall};
 use seckill_lua::scripts;
 use seckill_lua::{home_shard, keys};
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::{request_id, user_id, user_on_shard};
 use seckill_tests::stockd::{
-    create_published_activity, reserve, reserve_retrying_busy, set_shard_stock, set_sold_out_flag,
-    settle_by_hand, shard_stock, sold_out_flagged, spawn_stockd, stream_len, take_in_transit,
-    StockClient, StockdHandle,
+    create_published_activity, look_at, reserve, reserve_retrying_busy, set_shard_stock,
+    set_sold_out_flag, settle_by_hand, shard_stock, sold_out_flagged, spawn_stockd, stream_len,
+    take_in_transit, takes, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-/// Rebalancing takes (`TAKE` Lua calls) this stockd has made.
-fn takes(h: &StockdHandle) -> u64 {
-    h.metrics
-        .lua_seconds
-        .with_label_values(&["take"])
-        .get_sample_count()
-}
 
 async fn release(c: &mut StockClient, rid: &str, user: &str) -> pb::ReleaseOutcome {
     c.release(pb::ReleaseRequest {
@@ -311,15 +303,6 @@ async fn eval_int<C: Call>(redis: &Client, c: C) -> i64 {
 
 async fn changes(redis: &Client, a: u64, s: u64) -> Option<String> {
     redis.get(keys::changes(a, s)).await.unwrap()
-}
-
-/// A shard's look (`look.lua`): {units, live records of units in transit, their units}.
-async fn look_at(redis: &Client, a: u64, i: u32, s: u64) -> (i64, i64, i64) {
-    let reply = seckill_tests::redis::call(redis, LookCall::new(a, i, s))
-        .await
-        .into_array();
-    let n = |k: usize| reply[k].as_i64().unwrap();
-    (n(0), n(1), n(2))
 }
 
 /// The sold-out look's and mark's contract (`take.lua`, `look.lua`, `soldout_mark.lua`),
