@@ -37,6 +37,7 @@
 #         QUIET_MAX=0.3 QUIET_WAIT=15 (per run: wait for an idle machine)
 #         RUNS=3 DUR=10s CONNS=64 PIN=0 RSS_IPS=1000000 BUILD=1 DO_INSTALL=1 BENCH_TARGET=target/bench
 #         REF=<path to shared/bench/reference> WORK=/tmp/gateway-bench
+#         ACCESS_LOG=true (the gateway writes its access log, to $WORK/gateway.log; off like nginx's)
 #         LIMITS_EXTRA='fleet = true' (TOML lines added to [limits] of the sold_out and
 #         limited configs, e.g. to measure them with the fleet-shared budgets on)
 #         PERF=1: perf record (cpu-clock, call graphs) of the server processes during each
@@ -156,7 +157,7 @@ pid_file = "$WORK/gateway.pid"
 upgrade_sock = "$WORK/gateway-upgrade.sock"
 grace_period_secs = 0
 graceful_shutdown_timeout_secs = 1
-access_log = false
+access_log = ${ACCESS_LOG:-false}
 [admin]
 listen = "127.0.0.1:$GW_ADMIN"
 [redis]
@@ -201,7 +202,7 @@ auto_ban_threshold = 0")
 GW_PID=""
 start_gw() { # config, url, expected status
     "$GW_BIN" -t -c "$1" >/dev/null || { log "gateway -t failed for $1"; exit 1; }
-    RUST_LOG=warn "${SRV_SET[@]}" "$GW_BIN" -c "$1" >>"$WORK/gateway.log" 2>&1 &
+    RUST_LOG=$([ "${ACCESS_LOG:-false}" = true ] && echo warn,access=info || echo warn) "${SRV_SET[@]}" "$GW_BIN" -c "$1" >>"$WORK/gateway.log" 2>&1 &
     GW_PID=$!; PIDS+=("$GW_PID")
     wait_port "$GW_PORT" || exit 1
     local code=""
