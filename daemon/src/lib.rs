@@ -26,6 +26,7 @@
 pub mod ack;
 pub mod admin_http;
 pub mod config;
+pub mod log_writer;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod reload;

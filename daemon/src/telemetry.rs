@@ -3,59 +3,59 @@
 //! swapped while running ([`set_level`]), which is how a reload (SIGHUP) applies a new
 //! `log.level`.
 //!
-//! Lines are written by a thread of their own (`tracing-appender`'s non-blocking
-//! writer), not by the thread that logs: a runtime thread only formats its line and
-//! queues it. The writer takes every line queued since its last write into one buffer
-//! and writes that, so a burst of access lines costs a few `write`s, not one each, and
-//! a slow disk or a full pipe never stalls the edge's runtime. Why: the gateway's
-//! access line was written to stderr by its one runtime thread, one `write` per
-//! request; in the opening burst that was 5 % of the gateway's CPU, and the
-//! formatting's colour codes (written into log files too) 2 % more. The queue holds
-//! [`QUEUED_LINES`]; past that, lines are dropped rather than making a request wait,
-//! and counted (`<daemon>_log_lines_dropped_total`, [`DroppedLines`]). Hold the
-//! [`LogGuard`] until the process ends: dropping it writes what is still queued. A
-//! process that forks after [`init`] (the gateway's `--daemon`), or that may end without
-//! unwinding before it serves (pingora's bootstrap calls `exit(1)` right after logging
-//! why a `-u` takeover failed, and a queued line would die with the process), starts
-//! the writer thread later with [`start_writer`]; until then each line is written where
-//! it is logged.
+//! Lines are written by a thread of their own ([`crate::log_writer`]), not by the thread
+//! that logs: a runtime thread only formats its line and appends it to a shared buffer.
+//! The writer takes everything buffered since its last write and writes it at once,
+//! then waits a period ([`crate::log_writer::PERIOD`]) before it looks again, so a burst
+//! of access lines costs a few `write`s, not one each, a trickle costs no wake-up per
+//! line, and a slow disk or a full pipe never stalls the edge's runtime. Why: the
+//! gateway's access line was written to stderr by its one runtime thread, one `write`
+//! per request; in the opening burst that was 5 % of the gateway's CPU, and the
+//! formatting's colour codes (written into log files too) 2 % more; a writer woken per
+//! line then cost 21 µs per request when requests came one at a time (the module doc
+//! of `log_writer`). The buffer holds [`QUEUED_LINES`]; past that, lines are dropped
+//! rather than making a request wait, and counted (`<daemon>_log_lines_dropped_total`,
+//! [`DroppedLines`]). Hold the [`LogGuard`] until the process ends: dropping it writes
+//! what is still buffered. A process that forks after [`init`] (the gateway's
+//! `--daemon`), or that may end without unwinding before it serves (pingora's bootstrap
+//! calls `exit(1)` right after logging why a `-u` takeover failed, and a buffered line
+//! would die with the process), starts the writer thread later with [`start_writer`];
+//! until then each line is written where it is logged.
 //! Colour codes only when stderr is a terminal.
 
-use std::io::{BufWriter, IsTerminal as _, Stderr};
+use std::io::{IsTerminal as _, Stderr};
 use std::sync::{Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, Opts};
-use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::fmt::writer::{EitherWriter, MakeWriter};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
+use crate::log_writer::{Queue, Writer, PERIOD};
+
 /// The handle of the installed filter; set by the [`init`] that installed the subscriber.
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// The writer thread's queue, once [`start_writer`] ran; until then lines go straight
+/// The writer thread's buffer, once [`start_writer`] ran; until then lines go straight
 /// to stderr.
-static WRITER: OnceLock<NonBlocking> = OnceLock::new();
+static WRITER: OnceLock<Queue> = OnceLock::new();
 
-/// The writer thread's guard, taken and dropped by [`LogGuard`]'s drop.
-static WRITER_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
+/// The writer thread, stopped by [`LogGuard`]'s drop.
+static WRITER_GUARD: Mutex<Option<Writer>> = Mutex::new(None);
 
-/// Lines the writer's queue holds before new ones are dropped (about 30 MB of access
+/// Lines the writer's buffer holds before new ones are dropped (about 30 MB of access
 /// lines; at 100,000 lines a second, a second and more of a stalled disk).
 pub const QUEUED_LINES: usize = 128_000;
-
-/// Bytes the writer gathers before a `write` (it writes sooner when the queue is empty).
-const WRITE_BUFFER: usize = 64 * 1024;
 
 /// Where the subscriber's lines go: the writer thread's queue once started, else stderr.
 #[derive(Clone, Copy)]
 struct Lines;
 
 impl<'a> MakeWriter<'a> for Lines {
-    type Writer = EitherWriter<NonBlocking, Stderr>;
+    type Writer = EitherWriter<Queue, Stderr>;
 
     fn make_writer(&'a self) -> Self::Writer {
         match WRITER.get() {
@@ -65,7 +65,7 @@ impl<'a> MakeWriter<'a> for Lines {
     }
 }
 
-/// Stops the log writer when dropped: the lines still queued are written (the writer
+/// Stops the log writer when dropped: the lines still buffered are written (the writer
 /// is given about a second), then its thread ends. Hold it until the process exits.
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogGuard {
@@ -125,13 +125,13 @@ pub fn start_writer() {
     if WRITER.get().is_some() {
         return;
     }
-    let (queue, guard) = NonBlockingBuilder::default()
-        .buffered_lines_limit(QUEUED_LINES)
-        .lossy(true)
-        .thread_name("log-writer")
-        .finish(BufWriter::with_capacity(WRITE_BUFFER, std::io::stderr()));
+    let Ok((queue, writer)) = Writer::start("log-writer", std::io::stderr(), QUEUED_LINES, PERIOD)
+    else {
+        // No thread to be had: lines stay written where they are logged.
+        return;
+    };
     if WRITER.set(queue).is_ok() {
-        *slot = Some(guard);
+        *slot = Some(writer);
     }
 }
 
@@ -169,11 +169,7 @@ impl Collector for DroppedLines {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        self.family(
-            WRITER
-                .get()
-                .map_or(0, |q| q.error_counter().dropped_lines() as u64),
-        )
+        self.family(WRITER.get().map_or(0, Queue::dropped_lines))
     }
 }
 
