@@ -55,11 +55,11 @@ pub const QUEUED_LINES: usize = 128_000;
 struct Lines;
 
 impl<'a> MakeWriter<'a> for Lines {
-    type Writer = EitherWriter<Queue, Stderr>;
+    type Writer = EitherWriter<&'static Queue, Stderr>;
 
     fn make_writer(&'a self) -> Self::Writer {
         match WRITER.get() {
-            Some(queue) => EitherWriter::A(queue.clone()),
+            Some(queue) => EitherWriter::A(queue),
             None => EitherWriter::B(std::io::stderr()),
         }
     }
