@@ -21,14 +21,14 @@
 #          calls; a reservation is answered only once the replica holds it.
 # Rounds are interleaved (anchor, acks0, acks1, anchor, ...); medians over RUNS rounds.
 # CPU per reservation per process from /proc (gateway, stockd, redis master, redis replica,
-# nginx worker, wrk), over the timed window.
+# nginx worker), over the timed window; wrk's own CPU inside its clock (replay.lua reads it).
 #
 # Output: ${RESULTS_DIR:-results}/reserve.tsv (case ours anchor ratio unit), the per-process CPU
 # table reserve_cpu.tsv, a table on stdout, raw wrk output under $WORK. Every process it
 # starts is stopped by PID.
 #
 # Usage:  deploy/bench/reserve.sh            (from the repo root; release build into target/bench)
-# Knobs:  RUNS=5 DUR=10s CONNS=64 ACKS="0 1" USERS_PER_SEC=30000 (requests prepared per second
+# Knobs:  RUNS=5 DUR=10s CONNS=64 ACKS="0 1" USERS_PER_SEC=45000 (requests prepared per second
 #         of DUR; a run that used them all up is flagged) SHARDS=8 BUILD=1 DO_INSTALL=1
 #         BENCH_TARGET=target/bench BIN_DIR=<dir with gateway, stockd, seckillctl>
 #         QUIET_MAX=0.3 QUIET_WAIT=15 (per run: wait for an idle machine)
@@ -53,7 +53,7 @@ if [ "$SMOKE" = 1 ]; then
     RUNS=${RUNS:-1}; DUR=${DUR:-1s}; CONNS=${CONNS:-8}; USERS_PER_SEC=${USERS_PER_SEC:-40000}
     BUILD=${BUILD:-0}; QUIET_WAIT=${QUIET_WAIT:-0}; DO_INSTALL=${DO_INSTALL:-1}
 else
-    RUNS=${RUNS:-5}; DUR=${DUR:-10s}; CONNS=${CONNS:-64}; USERS_PER_SEC=${USERS_PER_SEC:-30000}
+    RUNS=${RUNS:-5}; DUR=${DUR:-10s}; CONNS=${CONNS:-64}; USERS_PER_SEC=${USERS_PER_SEC:-45000}
     BUILD=${BUILD:-1}; QUIET_WAIT=${QUIET_WAIT:-15}; DO_INSTALL=${DO_INSTALL:-1}
 fi
 QUIET_MAX=${QUIET_MAX:-0.3}
@@ -349,11 +349,21 @@ gen() { # side prefix n file
 WRK_LUA=$WORK/replay.lua
 cat >"$WRK_LUA" <<'LUA'
 -- Hands out the prepared requests (one per line, CRLF written as TAB), each once.
+-- os.clock() is the process's CPU time (every thread): printed once the file is loaded
+-- (init runs before wrk starts its clock) and again in done, so the run's own cost is the
+-- difference, without the load.
 local reqs, n, i = {}, 0, 0
 local function load(path)
   for l in io.lines(path) do n = n + 1; reqs[n] = l:gsub("\t", "\r\n") end
 end
-init = function(args) load(args[1]) end
+-- The machine's "cpu" line of /proc/stat is printed at the same two points: how busy the
+-- cores were while wrk's clock ran.
+local function mark(what)
+  local f = io.open("/proc/stat"); local cpu = f and f:read("*l") or "cpu"; if f then f:close() end
+  io.write(string.format("wrk_cpu_%s %.6f %s\n", what, os.clock(), cpu))
+end
+init = function(args) load(args[1]); mark("after_init") end
+done = function() mark("at_done") end
 request = function()
   i = i + 1
   if i > n then i = 1 end   -- wrapped: duplicates follow (flagged by the non-202 count)
@@ -379,14 +389,24 @@ log "both sides answer 202; preparing $PER_RUN requests per run"
 
 # ------------------------------------------------------------------ measurement
 cpu_ticks() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}'))); done; echo "$t"; }
-child_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $14 + $15}'; }  # reaped children of shell $1
-parse_wrk() { # file -> rps p50_ms p99_ms requests non2xx
-    awk 'function ms(v){ if (v ~ /us$/) { sub(/us$/,"",v); return v/1000 } if (v ~ /ms$/) { sub(/ms$/,"",v); return v+0 }
+# sched_sums pid... -> "sleeps runq_wait_ns": over every thread of the processes, the times a
+# thread went to sleep (voluntary context switches: each is a wake-up later) and the time it
+# was runnable but waited for a core (schedstat's second field).
+sched_sums() {
+    local p
+    for p in "$@"; do cat /proc/"$p"/task/*/status /proc/"$p"/task/*/schedstat 2>/dev/null; done |
+        awk '/^voluntary_ctxt_switches:/ { v += $2; next } NF == 3 && $1 ~ /^[0-9]+$/ { w += $2 } END { printf "%d %d\n", v, w }'
+}
+parse_wrk() { # file -> rps p50_ms p99_ms requests non2xx wrk_cpu_s busy_cores (inside wrk's clock: replay.lua)
+    awk -v ncpu="$(nproc)" 'function ms(v){ if (v ~ /us$/) { sub(/us$/,"",v); return v/1000 } if (v ~ /ms$/) { sub(/ms$/,"",v); return v+0 }
                          if (v ~ /s$/) { sub(/s$/,"",v); return v*1000 } return v+0 }
          /Requests\/sec:/ { rps = $2 } /^ +50% / { p50 = ms($2) } /^ +99% / { p99 = ms($2) } /requests in/ { n = $1 }
          /Non-2xx or 3xx responses:/ { bad = $5 }
          /Socket errors:/ { s = $0; gsub(/[^0-9]+/, " ", s); k = split(s, a, " "); for (j = 1; j <= k; j++) bad += a[j] }
-         END { printf "%s %.3f %.3f %d %d\n", rps, p50, p99, n, bad }' "$1"
+         function busy(  b, t, j) { b = 0; t = 0; for (j = 4; j <= 11 && j <= NF; j++) { t += $j; if (j != 7 && j != 8) b += $j } return b " " t }
+         /^wrk_cpu_after_init / { c0 = $2; split(busy(), x0, " "); m++ } /^wrk_cpu_at_done / { c1 = $2; split(busy(), x1, " "); m++ }
+         END { cores = (m == 2 && x1[2] > x0[2] ? (x1[1] - x0[1]) / (x1[2] - x0[2]) * ncpu : 0)   # 0: marks missing
+               printf "%s %.3f %.3f %d %d %.6f %.2f\n", rps, p50, p99, n, bad, (m == 2 ? c1 - c0 : 0), cores }' "$1"
 }
 busy_cores() {
     local a b
@@ -408,7 +428,26 @@ median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a
 
 # Sum and count of stockd's stockd_reserve_batch_size (reservations per reserve call).
 batch_sc() { curl -fsS "http://127.0.0.1:$1/metrics" 2>/dev/null | awk '/^stockd_reserve_batch_size_sum/{s=$2} /^stockd_reserve_batch_size_count/{c=$2} END{print s+0, c+0}'; }
-# one_run side run -> "rps p50 p99 requests bad us_front us_stockd us_master us_replica us_wrk per_call"
+# The metrics of the side's gateway and stockd, before (0) and after (1) a run.
+scrape() { # side run 0|1
+    curl -fsS "http://127.0.0.1:${GW_ADMIN[$1]}/metrics" >"$WORK/metrics-$1-$2-$3-gateway.txt" 2>/dev/null
+    curl -fsS "http://127.0.0.1:${SD_ADMIN[$1]}/metrics" >"$WORK/metrics-$1-$2-$3-stockd.txt" 2>/dev/null
+}
+# Where a reservation's time went, from the two scrapes: the mean of each latency histogram
+# over the run (sum and count deltas).
+stages() { # side run
+    local w=$WORK/metrics-$1-$2
+    mean() { # process series [scale] -> mean over the run (seconds shown as ms)
+        local name=${2%%\{*} labels=""; [ "$name" = "$2" ] || labels="{${2#*\{}"
+        awk -v a="${name}_sum$labels " -v b="${name}_count$labels " -v k="${3:-1000}" 'FNR == 1 { f++ } index($0, a) == 1 { sm[f] = $2 } index($0, b) == 1 { c[f] = $2 }
+            END { d = c[2] - c[1]; if (d > 0) printf "%.3f", (sm[2] - sm[1]) / d * k; else printf "-" }' "$w-0-$1.txt" "$w-1-$1.txt"
+    }
+    log "  round $2 acks$1 means (ms): gateway reserved $(mean gateway 'gateway_request_duration_seconds{outcome="reserved"}')," \
+        "gateway -> stockd call $(mean gateway 'gateway_upstream_call_seconds{service="stockd"}')," \
+        "stockd reserve $(mean stockd stockd_reserve_seconds), Redis reserve call $(mean stockd 'stockd_lua_seconds{script="reserve"}');" \
+        "$(mean stockd stockd_reserve_stream_entries 1) reservations per stream message"
+}
+# one_run side run -> "rps p50 p99 requests bad us_front us_stockd us_master us_replica us_wrk per_call busy_cores sleeps runq_us" (the last two per reservation, servers only)
 # (front = the gateway, or the nginx worker for the anchor; stockd = 0 for the anchor)
 one_run() {
     local side=$1 r=$2 reqf=$WORK/req-$1-$2.txt f=$WORK/wrk-$1-$2.txt url front stockd=()
@@ -416,11 +455,13 @@ one_run() {
     if [ "$side" = anchor ]; then url="http://127.0.0.1:$NGX_PORT/"; front=("${NGX_KIDS[@]}")
     else url="http://127.0.0.1:${GW_PORT[$side]}/"; front=("${GW_PID[$side]}"); stockd=("${SD_PID[$side]}"); fi
     quiet_gate
-    local f0 s0 m0 r0 w0 f1 s1 m1 r1 w1 me=$BASHPID perfs=() p b0="0 0" b1="0 0"
+    local f0 s0 m0 r0 f1 s1 m1 r1 perfs=() p b0="0 0" b1="0 0"
     [ "$side" = anchor ] || b0=$(batch_sc "${SD_ADMIN[$side]}")
-    # wrk reads the request file in init, before its clock starts; the CPU window opens here and
-    # includes that read for wrk only (its column is indicative).
-    f0=$(cpu_ticks "${front[@]}"); s0=$(cpu_ticks "${stockd[@]}"); m0=$(cpu_ticks "$REDIS_PID"); r0=$(cpu_ticks "$REPLICA_PID"); w0=$(child_ticks "$me")
+    [ "$side" = anchor ] || scrape "$side" "$r" 0
+    # wrk reads the request file in init, before its clock starts; its column is the CPU it
+    # used after that (replay.lua prints the process's CPU time at both ends).
+    f0=$(cpu_ticks "${front[@]}"); s0=$(cpu_ticks "${stockd[@]}"); m0=$(cpu_ticks "$REDIS_PID"); r0=$(cpu_ticks "$REPLICA_PID")
+    local z0 z1; z0=$(sched_sums "${front[@]}" "${stockd[@]}" "$REDIS_PID" "$REPLICA_PID")
     if [ "$PERF" = 1 ]; then  # a CPU profile of each server process of the side, over the run
         for p in "${front[@]}" "${stockd[@]}" "$REDIS_PID"; do
             perf record -e cpu-clock -F "${PERF_FREQ:-499}" ${PERF_CG:--g} -p "$p" -o "$WORK/perf-$side-$r-$(cat /proc/$p/comm)-$p.data" >/dev/null 2>&1 &
@@ -428,19 +469,21 @@ one_run() {
         done
     fi
     wrk -t1 -c"$CONNS" -d"$DUR" --latency -s "$WRK_LUA" "$url" -- "$reqf" >"$f" 2>&1
-    f1=$(cpu_ticks "${front[@]}"); s1=$(cpu_ticks "${stockd[@]}"); m1=$(cpu_ticks "$REDIS_PID"); r1=$(cpu_ticks "$REPLICA_PID"); w1=$(child_ticks "$me")
+    f1=$(cpu_ticks "${front[@]}"); s1=$(cpu_ticks "${stockd[@]}"); m1=$(cpu_ticks "$REDIS_PID"); r1=$(cpu_ticks "$REPLICA_PID")
+    z1=$(sched_sums "${front[@]}" "${stockd[@]}" "$REDIS_PID" "$REPLICA_PID")
     for p in "${perfs[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
     [ "$side" = anchor ] || b1=$(batch_sc "${SD_ADMIN[$side]}")
+    [ "$side" = anchor ] || { scrape "$side" "$r" 1; stages "$side" "$r" >&2; }
     rm -f "$reqf"
-    parse_wrk "$f" | awk -v b0="$b0" -v b1="$b1" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v w=$((w1 - w0)) \
-        '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(b0, x, " "); split(b1, y, " ");
+    parse_wrk "$f" | awk -v b0="$b0" -v b1="$b1" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
+        '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(b0, x, " "); split(b1, y, " "); split(z0, za, " "); split(z1, zb, " ");
            pc = (y[2] > x[2] ? (y[1] - x[1]) / (y[2] - x[2]) : 1);
-           printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, w * u, pc }'
+           printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f %s %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, $6 * 1e6 / n, pc, $7, (zb[1] - za[1]) / n, (zb[2] - za[2]) / 1000 / n }'
 }
 
 SIDES="anchor"; for k in $ACKS; do SIDES+=" $k"; done
 declare -A COL
-for s in $SIDES; do for c in rps p50 p99 bad front stockd master replica wrk pc; do COL[$s.$c]=""; done; done
+for s in $SIDES; do for c in rps p50 p99 bad front stockd master replica wrk pc cores sleeps runq; do COL[$s.$c]=""; done; done
 # Warm-up: connections, JIT, the script cache, both sides.
 for s in $SIDES; do
     gen "$s" "$s-warm-" 5000 "$WORK/req-warm.txt"
@@ -449,7 +492,7 @@ for s in $SIDES; do
 done
 for r in $(seq "$RUNS"); do
     for s in $SIDES; do
-        read -r rps p50 p99 n bad uf us um ur uw pc < <(one_run "$s" "$r")
+        read -r rps p50 p99 n bad uf us um ur uw pc cores sl rq < <(one_run "$s" "$r")
         if [ "$n" -gt "$PER_RUN" ]; then
             # Past the prepared requests wrk starts over: those resends are duplicates (409)
             # by design; only the rest count as wrong answers.
@@ -457,9 +500,9 @@ for r in $(seq "$RUNS"); do
             bad=$((bad - (n - PER_RUN))); [ "$bad" -ge 0 ] || bad=0
         fi
         COL[$s.rps]+=" $rps"; COL[$s.p50]+=" $p50"; COL[$s.p99]+=" $p99"; COL[$s.bad]+=" $bad"
-        COL[$s.front]+=" $uf"; COL[$s.stockd]+=" $us"; COL[$s.master]+=" $um"; COL[$s.replica]+=" $ur"; COL[$s.wrk]+=" $uw"; COL[$s.pc]+=" $pc"
+        COL[$s.front]+=" $uf"; COL[$s.stockd]+=" $us"; COL[$s.master]+=" $um"; COL[$s.replica]+=" $ur"; COL[$s.wrk]+=" $uw"; COL[$s.pc]+=" $pc"; COL[$s.cores]+=" $cores"; COL[$s.sleeps]+=" $sl"; COL[$s.runq]+=" $rq"
         name=$s; [ "$s" = anchor ] || name="ours acks$s"
-        log "round $r $name: $rps req/s p50 $p50 ms p99 $p99 ms, $n requests, $bad not 202, $pc per call"
+        log "round $r $name: $rps req/s p50 $p50 ms p99 $p99 ms, $n requests, $bad not 202, $pc per call, $cores cores busy, $sl sleeps and $rq us waiting for a core per reservation"
     done
 done
 med() { median ${COL[$1]}; }
@@ -471,7 +514,7 @@ row() { # case ours anchor unit
     ratio=$(awk -v o="$2" -v a="$3" 'BEGIN{ if (a > 0) printf "%.3f", o / a; else print "n/a" }')
     printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$ratio" "$4" >>"$TSV"
 }
-printf 'side\tgateway_or_nginx\tstockd\tredis_master\tredis_replica\tserver_total\twrk\tunit\n' >"$CPU_TSV"
+printf 'side\tgateway_or_nginx\tstockd\tredis_master\tredis_replica\tserver_total\twrk\tbusy_cores\tsleeps\trunq_wait\tunit\n' >"$CPU_TSV"
 for k in $ACKS; do
     tag=acks$k; [ "$k" = 0 ] && tag="acks0_headline"
     row "reserve_$tag" "$(med "$k.rps")" "$(med anchor.rps)" "reservations/s"
@@ -493,8 +536,8 @@ done
 for s in $SIDES; do
     name=anchor_nginx; [ "$s" = anchor ] || name="ours_acks$s"
     tot=$(awk -v a="$(med "$s.front")" -v b="$(med "$s.stockd")" -v c="$(med "$s.master")" -v d="$(med "$s.replica")" 'BEGIN{printf "%.2f", a+b+c+d}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$(med "$s.front")" "$(med "$s.stockd")" "$(med "$s.master")" \
-        "$(med "$s.replica")" "$tot" "$(med "$s.wrk")" "us/reservation (median)" >>"$CPU_TSV"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$(med "$s.front")" "$(med "$s.stockd")" "$(med "$s.master")" \
+        "$(med "$s.replica")" "$tot" "$(med "$s.wrk")" "$(med "$s.cores")" "$(med "$s.sleeps")" "$(med "$s.runq")" "us/reservation (median); cores of $(nproc) busy; server threads' sleeps and us runnable without a core, per reservation" >>"$CPU_TSV"
 done
 
 echo

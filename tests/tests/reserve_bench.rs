@@ -63,5 +63,17 @@ fn the_reserve_benchmark_runs_end_to_end_in_smoke_mode() {
         cpu.contains("anchor_nginx\t") && cpu.contains("ours_acks1\t"),
         "{cpu}"
     );
+    // wrk's own CPU inside its clock and the cores busy meanwhile come from the marks
+    // replay.lua prints (its request-file load left out): measured on every side.
+    let header: Vec<&str> = cpu.lines().next().unwrap_or_default().split('\t').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    let (wrk, busy) = (col("wrk"), col("busy_cores"));
+    for line in cpu.lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        for i in [wrk, busy] {
+            let v: f64 = f[i].parse().unwrap_or(0.0);
+            assert!(v > 0.0, "{} not measured in: {line}", header[i]);
+        }
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
