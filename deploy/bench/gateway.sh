@@ -38,6 +38,8 @@
 #         RUNS=3 DUR=10s CONNS=64 PIN=0 RSS_IPS=1000000 BUILD=1 DO_INSTALL=1 BENCH_TARGET=target/bench
 #         REF=<path to shared/bench/reference> WORK=/tmp/gateway-bench
 #         ACCESS_LOG=true (the gateway writes its access log, to $WORK/gateway.log; off like nginx's)
+#         NEW_CONN=1 (wrk sends Connection: close: a connection per request, both sides; the
+#         gateway's fast lane hands such a request to pingora, which answers and closes)
 #         LIMITS_EXTRA='fleet = true' (TOML lines added to [limits] of the sold_out and
 #         limited configs, e.g. to measure them with the fleet-shared budgets on)
 #         PERF=1: perf record (cpu-clock, call graphs) of the server processes during each
@@ -53,6 +55,10 @@ RUNS=${RUNS:-3}
 DUR=${DUR:-10s}
 CONNS=${CONNS:-64}
 PIN=${PIN:-0}
+# NEW_CONN=1: every request on a connection of its own (wrk sends Connection: close and
+# connects again), as a crowd of one-shot clients comes; both sides alike.
+NEW_CONN=${NEW_CONN:-0}
+WRK_EXTRA=(); [ "$NEW_CONN" = 1 ] && WRK_EXTRA=(-H "Connection: close")
 RSS_IPS=${RSS_IPS:-1000000}
 CASES=${CASES:-"sold_out limited banned rss challenge room_beat"}
 LIMITS_EXTRA=${LIMITS_EXTRA:-}
@@ -235,9 +241,9 @@ one_run() { # tag url script pids... -> prints "rps p50 p99 us_per_req"
         done
     fi
     if [ -n "$script" ]; then
-        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency -s "$script" "$url" >"$f" 2>&1
+        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency "${WRK_EXTRA[@]}" -s "$script" "$url" >"$f" 2>&1
     else
-        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency "$url" >"$f" 2>&1
+        "${CLI_SET[@]}" wrk -t1 -c"$CONNS" -d"$DUR" --latency "${WRK_EXTRA[@]}" "$url" >"$f" 2>&1
     fi
     c1=$(cpu_ticks "$@")
     for p in "${perfs[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
