@@ -426,26 +426,25 @@ quiet_gate() {
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 
-# Sum and count of stockd's stockd_reserve_batch_size (reservations per reserve call).
-batch_sc() { curl -fsS "http://127.0.0.1:$1/metrics" 2>/dev/null | awk '/^stockd_reserve_batch_size_sum/{s=$2} /^stockd_reserve_batch_size_count/{c=$2} END{print s+0, c+0}'; }
 # The metrics of the side's gateway and stockd, before (0) and after (1) a run.
 scrape() { # side run 0|1
     curl -fsS "http://127.0.0.1:${GW_ADMIN[$1]}/metrics" >"$WORK/metrics-$1-$2-$3-gateway.txt" 2>/dev/null
     curl -fsS "http://127.0.0.1:${SD_ADMIN[$1]}/metrics" >"$WORK/metrics-$1-$2-$3-stockd.txt" 2>/dev/null
 }
-# Where a reservation's time went, from the two scrapes: the mean of each latency histogram
-# over the run (sum and count deltas).
+# mean side run process series [scale] -> the mean of a histogram over the run, from the two
+# scrapes (sum and count deltas, times scale: 1000 shows seconds as ms); "-" when it saw nothing.
+mean() {
+    local w=$WORK/metrics-$1-$2 name=${4%%\{*} labels=""; [ "$name" = "$4" ] || labels="{${4#*\{}"
+    awk -v a="${name}_sum$labels " -v b="${name}_count$labels " -v k="${5:-1000}" 'FNR == 1 { f++ } index($0, a) == 1 { sm[f] = $2 } index($0, b) == 1 { c[f] = $2 }
+        END { d = c[2] - c[1]; if (d > 0) printf "%.3f", (sm[2] - sm[1]) / d * k; else printf "-" }' "$w-0-$3.txt" "$w-1-$3.txt"
+}
+# Where a reservation's time went: the mean of each latency histogram over the run.
 stages() { # side run
-    local w=$WORK/metrics-$1-$2
-    mean() { # process series [scale] -> mean over the run (seconds shown as ms)
-        local name=${2%%\{*} labels=""; [ "$name" = "$2" ] || labels="{${2#*\{}"
-        awk -v a="${name}_sum$labels " -v b="${name}_count$labels " -v k="${3:-1000}" 'FNR == 1 { f++ } index($0, a) == 1 { sm[f] = $2 } index($0, b) == 1 { c[f] = $2 }
-            END { d = c[2] - c[1]; if (d > 0) printf "%.3f", (sm[2] - sm[1]) / d * k; else printf "-" }' "$w-0-$1.txt" "$w-1-$1.txt"
-    }
-    log "  round $2 acks$1 means (ms): gateway reserved $(mean gateway 'gateway_request_duration_seconds{outcome="reserved"}')," \
-        "gateway -> stockd call $(mean gateway 'gateway_upstream_call_seconds{service="stockd"}')," \
-        "stockd reserve $(mean stockd stockd_reserve_seconds), Redis reserve call $(mean stockd 'stockd_lua_seconds{script="reserve"}');" \
-        "$(mean stockd stockd_reserve_stream_entries 1) reservations per stream message"
+    local m="mean $1 $2"
+    log "  round $2 acks$1 means (ms): gateway reserved $($m gateway 'gateway_request_duration_seconds{outcome="reserved"}')," \
+        "gateway -> stockd call $($m gateway 'gateway_upstream_call_seconds{service="stockd"}')," \
+        "stockd reserve $($m stockd stockd_reserve_seconds), Redis reserve call $($m stockd 'stockd_lua_seconds{script="reserve"}');" \
+        "$($m stockd stockd_reserve_stream_entries 1) reservations per stream message"
 }
 # one_run side run -> "rps p50 p99 requests bad us_front us_stockd us_master us_replica us_wrk per_call busy_cores sleeps runq_us" (the last two per reservation, servers only)
 # (front = the gateway, or the nginx worker for the anchor; stockd = 0 for the anchor)
@@ -455,8 +454,7 @@ one_run() {
     if [ "$side" = anchor ]; then url="http://127.0.0.1:$NGX_PORT/"; front=("${NGX_KIDS[@]}")
     else url="http://127.0.0.1:${GW_PORT[$side]}/"; front=("${GW_PID[$side]}"); stockd=("${SD_PID[$side]}"); fi
     quiet_gate
-    local f0 s0 m0 r0 f1 s1 m1 r1 perfs=() p b0="0 0" b1="0 0"
-    [ "$side" = anchor ] || b0=$(batch_sc "${SD_ADMIN[$side]}")
+    local f0 s0 m0 r0 f1 s1 m1 r1 perfs=() p pc=1
     [ "$side" = anchor ] || scrape "$side" "$r" 0
     # wrk reads the request file in init, before its clock starts; its column is the CPU it
     # used after that (replay.lua prints the process's CPU time at both ends).
@@ -472,12 +470,13 @@ one_run() {
     f1=$(cpu_ticks "${front[@]}"); s1=$(cpu_ticks "${stockd[@]}"); m1=$(cpu_ticks "$REDIS_PID"); r1=$(cpu_ticks "$REPLICA_PID")
     z1=$(sched_sums "${front[@]}" "${stockd[@]}" "$REDIS_PID" "$REPLICA_PID")
     for p in "${perfs[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-    [ "$side" = anchor ] || b1=$(batch_sc "${SD_ADMIN[$side]}")
-    [ "$side" = anchor ] || { scrape "$side" "$r" 1; stages "$side" "$r" >&2; }
+    if [ "$side" != anchor ]; then
+        scrape "$side" "$r" 1; stages "$side" "$r" >&2
+        pc=$(mean "$side" "$r" stockd stockd_reserve_batch_size 1); [ "$pc" = - ] && pc=1
+    fi
     rm -f "$reqf"
-    parse_wrk "$f" | awk -v b0="$b0" -v b1="$b1" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
-        '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(b0, x, " "); split(b1, y, " "); split(z0, za, " "); split(z1, zb, " ");
-           pc = (y[2] > x[2] ? (y[1] - x[1]) / (y[2] - x[2]) : 1);
+    parse_wrk "$f" | awk -v pc="$pc" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
+        '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(z0, za, " "); split(z1, zb, " ");
            printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f %s %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, $6 * 1e6 / n, pc, $7, (zb[1] - za[1]) / n, (zb[2] - za[2]) / 1000 / n }'
 }
 
