@@ -168,9 +168,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         _ => args.ips,
     };
-    let doors = http::doors(args.source, ips, false, args.concurrency)
+    let doors = http::doors(&gateway, args.source, ips, false, args.concurrency)
         .context("preparing buyer addresses")?;
-    let bot_doors = http::doors(args.source, args.abusive_ips, true, 8)?;
+    let bot_doors = http::doors(&gateway, args.source, args.abusive_ips, true, 8)?;
     let mut act = http::discover(&doors[0], &gateway, args.activity).await?;
     let items: Vec<u64> = if args.items.is_empty() {
         act.items.iter().map(|i| i.id).collect()

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use http::Method;
 use indicatif::ProgressBar;
-use reqwest::Method;
 use seckill_proto::auth::AttachToken;
 use seckill_proto::pb::admin_service_client::AdminServiceClient;
 use seckill_proto::pb::ReconcileRequest;
