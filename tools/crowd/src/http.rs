@@ -57,7 +57,8 @@ pub struct Door {
 /// when its answer is read. Why not reqwest (the crowd's client until 2026-11-29): at the
 /// opening the crowd held about 40 % of the two cores, and reqwest's per-request work
 /// (URL parsing with IDNA, the tower stack, the keyed pool) was a good part of it; the
-/// requests on the wire, their connections and their reuse are the same.
+/// requests on the wire (less reqwest's default `accept: */*`), their connections and
+/// their reuse are the same.
 struct Pool {
     edge: SocketAddr,
     host: HeaderValue,
