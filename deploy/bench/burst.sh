@@ -14,6 +14,9 @@
 #              slowest entry: every entry of the batch waits for it)
 #   lua        stockd_lua_seconds{script="reserve"}: one EVALSHA (with its WAIT when acked)
 #   ack        stockd_replica_ack_seconds: the pipeline's WAIT for a replica
+#   wait       stockd_rebalance_wait_seconds: a reservation whose home shard was empty, waiting
+#              for a rebalancing round (its turn, or the round that carried it)
+#   round      stockd_rebalance_round_seconds: one rebalancing round (read, takes, gives, look)
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
 # kept in $OUT/answers.tsv; deploy/bench/opening.py): which answers were slow, and when.
 # The gap crowd - edge is time outside the gateway's handler: the client's own scheduling, the
@@ -115,6 +118,8 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_lua_seconds 'script="reserve"'
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_replica_ack_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_rebalance_wait_seconds
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_rebalance_round_seconds
 # The end of the sale over the run: the buyers' rebalancing rounds, the takes (one Lua call
 # and a replica WAIT each) and the units moved.
 counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }

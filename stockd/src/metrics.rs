@@ -145,6 +145,13 @@ pub struct Metrics {
     /// `stockd_rebalance_rounds_total`: rebalancing rounds run (one per item and empty
     /// home shard at a time, for every reservation waiting on it; `crate::mover`).
     pub rebalance_rounds: IntCounter,
+    /// `stockd_rebalance_round_seconds`: one rebalancing round, from its turn to its
+    /// outcome (the read of the shards, the takes and gives, the look when too few moved).
+    pub rebalance_round_seconds: Histogram,
+    /// `stockd_rebalance_wait_seconds`: a reservation whose home shard was empty, from
+    /// asking for a round to its turn, or to the outcome of the round that carried it, or
+    /// to the sold-out flag.
+    pub rebalance_wait_seconds: Histogram,
     reservations_by: Children<IntCounter>,
     lua_seconds_by: Children<Histogram>,
 }
@@ -288,6 +295,15 @@ impl Metrics {
              reservation waiting on it",
         )
         .expect("valid metric");
+        let rebalance_round_seconds = call_histogram(
+            "stockd_rebalance_round_seconds",
+            "One rebalancing round, from its turn to its outcome",
+        );
+        let rebalance_wait_seconds = call_histogram(
+            "stockd_rebalance_wait_seconds",
+            "A reservation whose home shard was empty: waiting for a rebalancing round's turn \
+             or for the round that carried it",
+        );
         for m in [
             Box::new(reservations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(releases.clone()),
@@ -305,6 +321,8 @@ impl Metrics {
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
             Box::new(rebalance_rounds.clone()),
+            Box::new(rebalance_round_seconds.clone()),
+            Box::new(rebalance_wait_seconds.clone()),
             Box::new(lost_unconfirmed.clone()),
             Box::new(replica_ack_seconds.clone()),
             Box::new(replica_acks_total.clone()),
@@ -339,6 +357,8 @@ impl Metrics {
             lost_reservations,
             rebalance_units,
             rebalance_rounds,
+            rebalance_round_seconds,
+            rebalance_wait_seconds,
             lost_unconfirmed,
             replica_ack_seconds,
             replica_acks_total,

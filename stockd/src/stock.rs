@@ -352,13 +352,23 @@ impl App {
             }
             redis.exists(keys::sold_out(activity, item)).await
         });
+        let asked = Instant::now();
+        let waited = || {
+            self.metrics
+                .rebalance_wait_seconds
+                .observe(asked.elapsed().as_secs_f64())
+        };
         let turn = std::pin::pin!(mover.turn(missing));
         let turn = match futures::future::select(turn, flag).await {
             Either::Left((turn, _)) => turn,
-            Either::Right((Ok(true), _)) => return Ok(Empty::SoldOut),
+            Either::Right((Ok(true), _)) => {
+                waited();
+                return Ok(Empty::SoldOut);
+            }
             Either::Right((Ok(false), turn)) => turn.await,
             Either::Right((Err(e), _)) => return Err(e),
         };
+        waited();
         let mut round = match turn {
             Turn::Done(Outcome::SoldOut) => return Ok(Empty::SoldOut),
             Turn::Done(Outcome::Retry) => return Ok(Empty::Retry { moved: true }),
@@ -367,9 +377,12 @@ impl App {
         };
         self.metrics.rebalance_rounds.inc();
         // An error drops the round unfinished: the callers waiting on it read it as failed.
-        let empty = self
-            .move_round(entry, item, home, units, &mut round)
-            .await?;
+        let ran = Instant::now();
+        let empty = self.move_round(entry, item, home, units, &mut round).await;
+        self.metrics
+            .rebalance_round_seconds
+            .observe(ran.elapsed().as_secs_f64());
+        let empty = empty?;
         round.finish(match empty {
             Empty::SoldOut => Outcome::SoldOut,
             Empty::Retry { .. } | Empty::NotEnough(_) => Outcome::Retry,

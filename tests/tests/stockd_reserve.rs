@@ -244,6 +244,10 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     // The end of a sale: home shard 0 empty, 6 units on each of the seven others.
     set_shard_stock(&redis, a, s, &[0, 6, 6, 6, 6, 6, 6, 6]).await;
     let (takes_before, rounds_before) = (takes(&h), h.metrics.rebalance_rounds.get());
+    let (timed_before, waits_before) = (
+        h.metrics.rebalance_round_seconds.get_sample_count(),
+        h.metrics.rebalance_wait_seconds.get_sample_count(),
+    );
     // 50 buyers of shard 0 at once, for the 42 units: every one of them finds its home
     // empty at least once.
     let c = h.stock_client().await;
@@ -289,6 +293,16 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     );
     assert!(rounds <= 12, "{rounds} rebalancing rounds for 50 buyers");
     assert!(took <= 7 * rounds, "{took} takes in {rounds} rounds");
+    // Each round is timed once; each buyer that found its home empty timed its wait (the
+    // rounds' runners among them).
+    let timed = h.metrics.rebalance_round_seconds.get_sample_count() - timed_before;
+    let waits = h.metrics.rebalance_wait_seconds.get_sample_count() - waits_before;
+    assert_eq!(timed, rounds, "round timings");
+    assert!(
+        waits >= rounds && waits > 0,
+        "{waits} waits for {rounds} rounds"
+    );
+    assert!(h.metrics.rebalance_round_seconds.get_sample_sum() > 0.0);
 }
 
 /// One call of a typed script (`seckill_lua::calls`), as the daemons send it; its
