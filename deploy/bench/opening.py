@@ -69,7 +69,8 @@ def main():
         print("reserved by phase: no sold_out answer, no sell-out to split at")
         return
     edge = first_sold_out - SELL_OUT_MARGIN_MS
-    print(f"reserved by phase (the sell-out from {edge:.0f} ms, 50 ms before the first sold_out):")
+    print(f"reserved by phase (the sell-out from {edge:.0f} ms, "
+          f"{SELL_OUT_MARGIN_MS:.0f} ms before the first sold_out):")
     for name, xs in (("before the sell-out", [l for s, l in all_reserved if s < edge]),
                      ("the sell-out", [l for s, l in all_reserved if s >= edge])):
         print(f"  {name:<20} n={len(xs):5d}  p50={pct(xs, 0.5):7.1f}  p99={pct(xs, 0.99):7.1f}"

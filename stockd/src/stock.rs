@@ -353,27 +353,22 @@ impl App {
             redis.exists(keys::sold_out(activity, item)).await
         });
         let asked = Instant::now();
-        let waited = || {
-            self.metrics
-                .rebalance_wait_seconds
-                .observe(asked.elapsed().as_secs_f64())
-        };
         let turn = std::pin::pin!(mover.turn(missing));
+        // `None`: the sold-out flag answered first.
         let turn = match futures::future::select(turn, flag).await {
-            Either::Left((turn, _)) => turn,
-            Either::Right((Ok(true), _)) => {
-                waited();
-                return Ok(Empty::SoldOut);
-            }
-            Either::Right((Ok(false), turn)) => turn.await,
+            Either::Left((turn, _)) => Some(turn),
+            Either::Right((Ok(true), _)) => None,
+            Either::Right((Ok(false), turn)) => Some(turn.await),
             Either::Right((Err(e), _)) => return Err(e),
         };
-        waited();
+        self.metrics
+            .rebalance_wait_seconds
+            .observe(asked.elapsed().as_secs_f64());
         let mut round = match turn {
-            Turn::Done(Outcome::SoldOut) => return Ok(Empty::SoldOut),
-            Turn::Done(Outcome::Retry) => return Ok(Empty::Retry { moved: true }),
-            Turn::Done(Outcome::Failed) => return Ok(Empty::Retry { moved: false }),
-            Turn::Run(round) => round,
+            None | Some(Turn::Done(Outcome::SoldOut)) => return Ok(Empty::SoldOut),
+            Some(Turn::Done(Outcome::Retry)) => return Ok(Empty::Retry { moved: true }),
+            Some(Turn::Done(Outcome::Failed)) => return Ok(Empty::Retry { moved: false }),
+            Some(Turn::Run(round)) => round,
         };
         self.metrics.rebalance_rounds.inc();
         // An error drops the round unfinished: the callers waiting on it read it as failed.

@@ -83,10 +83,7 @@ impl Pool {
         loop {
             let candidate = {
                 let mut idle = self.idle.lock().expect("pool lock");
-                let now = Instant::now();
-                idle.retain(|(since, s)| {
-                    now.duration_since(*since) < IDLE_TIMEOUT && !s.is_closed()
-                });
+                self.prune(&mut idle);
                 idle.pop()
             };
             let Some((_, mut s)) = candidate else {
@@ -110,11 +107,13 @@ impl Pool {
 
     /// Closes the connections idle past the idle timeout.
     fn sweep(&self) {
+        self.prune(&mut self.idle.lock().expect("pool lock"));
+    }
+
+    /// Drops the idle connections that are closed or idle past the idle timeout.
+    fn prune(&self, idle: &mut Vec<(Instant, SendRequest<Full<Bytes>>)>) {
         let now = Instant::now();
-        self.idle
-            .lock()
-            .expect("pool lock")
-            .retain(|(since, s)| now.duration_since(*since) < self.idle_timeout && !s.is_closed());
+        idle.retain(|(since, s)| now.duration_since(*since) < self.idle_timeout && !s.is_closed());
     }
 
     async fn connect(&self) -> anyhow::Result<SendRequest<Full<Bytes>>> {
@@ -349,7 +348,10 @@ impl Door {
         body: Option<&Value>,
     ) -> anyhow::Result<(u16, Option<u64>, Value)> {
         let uri: Uri = url.parse().with_context(|| format!("{url:?}: not a URL"))?;
-        let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        let path = uri
+            .path_and_query()
+            .cloned()
+            .map_or_else(|| Uri::from_static("/"), Uri::from);
         let body = match body {
             Some(b) => Bytes::from(serde_json::to_vec(b).context("request body")?),
             None => Bytes::new(),
@@ -361,7 +363,7 @@ impl Door {
         let request = || {
             let mut r = Request::builder()
                 .method(method.clone())
-                .uri(path.as_str())
+                .uri(path.clone())
                 .header(HOST, self.pool.host.clone());
             if let Some(x) = &self.xff {
                 r = r.header("x-forwarded-for", x.clone());
