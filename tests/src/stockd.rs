@@ -490,6 +490,27 @@ pub fn double_clicks(users: usize, groups: usize) -> Vec<Vec<(String, String)>> 
     out
 }
 
+/// An entry's response; when stockd answered the entry ABORTED (contention at the
+/// sell-out: a buyer out of rebalancing attempts while units remain, "retry with the
+/// same request id"), the answer of the same request sent again, as the edge's 429 busy
+/// asks its client to. Any other failure fails the test.
+pub async fn entry_response(
+    c: &StockClient,
+    activity: u64,
+    item: u64,
+    (user, request): (&str, &str),
+    r: pb::ReserveResult,
+) -> pb::ReserveResponse {
+    if r.code == tonic::Code::Aborted as i32 {
+        let mut c = c.clone();
+        return reserve_retrying_busy(&mut c, activity, item, user, request)
+            .await
+            .expect("the retry is answered");
+    }
+    entry_outcome(&r);
+    r.response.expect("a response with code 0")
+}
+
 /// The outcome of an entry's result, which must have succeeded (code 0).
 pub fn entry_outcome(r: &pb::ReserveResult) -> pb::ReserveOutcome {
     assert_eq!(r.code, 0, "entry failed: {} {}", r.code, r.message);

@@ -14,7 +14,8 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_proto::trace::TraceParent;
 use seckill_tests::stockd::{
     batch_entry as entry, create_published_activity, create_published_activity_limited,
-    double_clicks, entry_outcome as outcome, shard_stock, spawn_stockd, stream_len, StockClient,
+    double_clicks, entry_outcome as outcome, entry_response, shard_stock, spawn_stockd, stream_len,
+    StockClient,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tonic::Code;
@@ -59,17 +60,20 @@ async fn concurrent_batches_from_a_crowd_sell_exactly_the_stock_once_per_user() 
     let mut held: HashMap<String, HashSet<String>> = HashMap::new();
     let (mut reserved, mut sold_out, mut duplicate) = (0, 0, 0);
     for t in tasks {
-        for ((user, _), r) in t.await.unwrap() {
-            match outcome(&r) {
+        for ((user, request), r) in t.await.unwrap() {
+            let response = entry_response(&c, a, s, (&user, &request), r).await;
+            match response.outcome() {
                 ReserveOutcome::Reserved => {
                     reserved += 1;
-                    let rid = r.response.unwrap().reservation_id;
-                    held.entry(user).or_default().insert(rid);
+                    held.entry(user)
+                        .or_default()
+                        .insert(response.reservation_id);
                 }
                 ReserveOutcome::Duplicate => {
                     duplicate += 1;
-                    let rid = r.response.unwrap().reservation_id;
-                    held.entry(user).or_default().insert(rid);
+                    held.entry(user)
+                        .or_default()
+                        .insert(response.reservation_id);
                 }
                 ReserveOutcome::SoldOut => sold_out += 1,
                 other => panic!("unexpected {other:?}"),

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::stockd::{
-    batch_entry, create_published_activity, double_clicks, entry_outcome as outcome, shard_stock,
-    spawn_stockd, stream_len, StockClient, StockdHandle,
+    batch_entry, create_published_activity, double_clicks, entry_outcome as outcome,
+    entry_response, shard_stock, spawn_stockd, stream_len, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
 use tokio::sync::mpsc;
@@ -142,15 +142,17 @@ async fn three_edges_streams_sell_exactly_the_stock_once_per_user_each_entry_ans
     for e in edges {
         let (calls, answers) = e.await.unwrap();
         assert_eq!(answers.len(), calls.len(), "every entry answered once");
-        for (i, (user, _)) in calls.into_iter().enumerate() {
-            let r = &answers[&(1000 + i as u64)];
-            match outcome(r) {
+        for (i, (user, request)) in calls.into_iter().enumerate() {
+            let r = answers[&(1000 + i as u64)].clone();
+            let response = entry_response(&c, a, s, (&user, &request), r).await;
+            match response.outcome() {
                 ReserveOutcome::Reserved | ReserveOutcome::Duplicate => {
-                    if outcome(r) == ReserveOutcome::Reserved {
+                    if response.outcome() == ReserveOutcome::Reserved {
                         reserved += 1;
                     }
-                    let rid = r.response.clone().unwrap().reservation_id;
-                    held.entry(user).or_default().insert(rid);
+                    held.entry(user)
+                        .or_default()
+                        .insert(response.reservation_id);
                 }
                 ReserveOutcome::SoldOut => sold_out += 1,
                 other => panic!("unexpected {other:?}"),
