@@ -43,7 +43,10 @@
 //!   Everyone else's sold-out answer stays canned here.
 //! - Deadlines are the pipeline's: the read deadline of `deadline.rs` covers a request
 //!   from its first byte; an idle connection is closed after 60 s, as pingora closes an
-//!   idle HTTP/1.1 keep-alive, or at shutdown.
+//!   idle HTTP/1.1 keep-alive, or at shutdown. A connection that has not sent its first
+//!   request yet is not idle: at shutdown (a graceful upgrade's old process) the lane
+//!   waits for that request's head and hands it to pingora, which answers it with
+//!   `Connection: close` (pingora alone would drop the connection).
 
 use crate::answer::{self, Outcome, Refusal};
 use crate::auth::TokenMemo;
@@ -164,9 +167,14 @@ where
     let mut buf = BytesMut::with_capacity(4096);
     let mut out = Vec::with_capacity(512);
     let mut memo = TokenMemo::default();
+    // Whether this connection has had an answer here. Until then the client has just
+    // connected and its first request is on the way: shutdown does not close it.
+    let mut served = false;
     loop {
-        if *shutdown.borrow() {
-            // pingora answers with `Connection: close` while shutting down.
+        if *shutdown.borrow() && (served && buf.is_empty() || head_complete(&buf)) {
+            // pingora answers with `Connection: close` while shutting down. It drops a
+            // connection whose request head is not all in hand when shutdown comes (or
+            // came), so it gets one only with the whole head, or an idle keep-alive.
             return Lane::HandOver(buf);
         }
         out.clear();
@@ -178,12 +186,21 @@ where
                 if buf.capacity() - buf.len() < 1024 {
                     buf.reserve(4096);
                 }
-                let read = if buf.is_empty() {
+                let read = if buf.is_empty() && served {
                     // Between requests: pingora's keep-alive timeout, or shutdown.
                     tokio::select! {
                         r = tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf)) => r.unwrap_or(Ok(0)),
                         _ = shutdown.changed() => Ok(0),
                     }
+                } else if buf.is_empty() {
+                    // A new connection's first request, also after shutdown: it was
+                    // accepted while this process held the listener (a graceful upgrade
+                    // hands it over mid-stream), and its client is sending. Closing it
+                    // would refuse a request that reached us; the grace period bounds
+                    // the wait.
+                    tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf))
+                        .await
+                        .unwrap_or(Ok(0))
                 } else {
                     io.read_buf(&mut buf).await
                 };
@@ -197,6 +214,7 @@ where
             Ok(()) => io.flush().await,
             Err(e) => Err(e),
         };
+        served = true;
         shared.metrics.fast_lane_answers.inc();
         if let Some(r) = &answer.refusal {
             shared.strike(answer.client, r);
@@ -223,6 +241,19 @@ where
         }
         buf.advance(len);
     }
+}
+
+/// Whether `buf` starts with a whole request head, or with bytes that are not one
+/// (pingora answers those): what pingora needs to serve it during shutdown.
+fn head_complete(buf: &[u8]) -> bool {
+    if buf.is_empty() {
+        return false;
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    !matches!(
+        httparse::Request::new(&mut headers).parse(buf),
+        Ok(httparse::Status::Partial)
+    )
 }
 
 /// The request target's path, for the access log (only built when it is on).
@@ -811,6 +842,45 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(req)
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn at_shutdown_a_first_request_is_awaited_and_an_idle_keepalive_closed() {
+        use tokio::io::AsyncWriteExt;
+        let sh = Arc::new(shared());
+        // Shutdown came before the first byte: the lane waits for the whole head (sent
+        // in two parts) and hands it to pingora, which answers it `Connection: close`.
+        let (_tx, stopped) = tokio::sync::watch::channel(true);
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let lane = tokio::spawn({
+            let sh = sh.clone();
+            async move { serve(&sh, &mut server, Some(FREE), &stopped).await }
+        });
+        client.write_all(&GET[..10]).await.unwrap();
+        tokio::task::yield_now().await;
+        client.write_all(&GET[10..]).await.unwrap();
+        match lane.await.unwrap() {
+            Lane::HandOver(head) => assert_eq!(&head[..], GET),
+            Lane::Closed => panic!("a first request was dropped at shutdown"),
+        }
+        // A connection with an answer behind it is idle keep-alive: shutdown ends it.
+        let (tx, running) = tokio::sync::watch::channel(false);
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let lane = tokio::spawn({
+            let sh = sh.clone();
+            async move { serve(&sh, &mut server, Some(DENIED), &running).await }
+        });
+        client.write_all(GET).await.unwrap();
+        let mut answer = [0u8; 12];
+        tokio::io::AsyncReadExt::read_exact(&mut client, &mut answer)
+            .await
+            .unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 403");
+        tx.send(true).unwrap();
+        match lane.await.unwrap() {
+            Lane::Closed => {}
+            Lane::HandOver(rest) => assert!(rest.is_empty()),
         }
     }
 }

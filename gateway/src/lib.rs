@@ -276,7 +276,14 @@ impl pingora::services::background::BackgroundService for Reload {
         );
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    // SIGTERM, or the end of a graceful upgrade's hand-over.
+                    tracing::info!(
+                        grace_period_secs = self.shared.cfg.server.grace_period_secs,
+                        "shutting down: the listeners stop accepting; accepted requests have the grace period"
+                    );
+                    return;
+                }
                 _ = hup.recv() => {
                     if let Some((c, _)) = reloader.reload_and_log() {
                         self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);

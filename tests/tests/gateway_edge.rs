@@ -826,3 +826,103 @@ async fn a_graceful_upgrade_hands_the_listeners_over_without_refusing_a_request(
         std::fs::read_to_string(&new_log).unwrap_or_default()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_comes_late() {
+    init_tracing();
+    let redis = RedisCluster::start();
+    let dead = format!("127.0.0.1:{}", free_port(None));
+    let mut old = spawn_gateway_unready(
+        &EdgeDeps {
+            redis: &redis,
+            stockd: &dead,
+            orderd: &dead,
+        },
+        |c| {
+            set(c, "server", "grace_period_secs", 4);
+            // The held connections below stay silent for pingora's 5 s hand-over; the
+            // read deadline (which counts a first request from the accept) must not
+            // cut them first.
+            set(c, "protection", "request_read_ms", 30_000);
+            // With h2c on, the preface peek waits for the first bytes whatever the
+            // shutdown, which hides a silent connection from it (the race is then only
+            // for bytes arriving as shutdown comes, which the upgrade test above meets
+            // by chance); off, the wait for the first request is the fast lane's.
+            set(c, "server", "h2c", false);
+        },
+    )
+    .await;
+    let url = format!("{}/api/v1/activities", old.base_url());
+    wait_until_async("the listing", Duration::from_secs(20), || {
+        let url = url.clone();
+        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    // Connected while the old process is the only one accepting, silent until it has
+    // stopped accepting: the race of a request whose connection the old process took in
+    // its last instant, made wide. One request goes to pingora's routes, one to a route
+    // the fast lane answers (a reserve without a token: 401).
+    let mut listing = RawHttp::connect(old.port).await;
+    let mut reserve = RawHttp::connect(old.port).await;
+    let mut cmd = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"));
+    cmd.arg("-u").arg("-c").arg(old.config_path());
+    let new_log = old.dir.path().join("gateway-new.log");
+    let mut new = seckill_tests::process::ChildGuard::spawn("gateway-new", cmd, &new_log).unwrap();
+    let sock = old.dir.path().join("upgrade.sock");
+    wait_until_async("the upgrade socket", Duration::from_secs(20), || {
+        let sock = sock.clone();
+        async move { sock.exists() }
+    })
+    .await;
+    let pid = old.child.id().unwrap();
+    assert!(std::process::Command::new("kill")
+        .arg("-QUIT")
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success());
+    wait_until_async(
+        "the old gateway's shutdown",
+        Duration::from_secs(20),
+        || {
+            let stopped = old
+                .log()
+                .contains("shutting down: the listeners stop accepting");
+            async move { stopped }
+        },
+    )
+    .await;
+    assert!(old.child.is_running(), "the grace period is 4 s");
+    let answered = listing.get("/api/v1/activities", "").await;
+    let answered = answered.unwrap_or_else(|| {
+        panic!(
+            "the listing's connection was dropped\nold log:\n{}",
+            old.log()
+        )
+    });
+    assert_eq!(answered.status, 200);
+    assert_eq!(answered.header("connection"), Some("close"));
+    reserve
+        .send(
+            b"POST /api/v1/activities/1/items/1/reserve HTTP/1.1\r\nHost: gw\r\n\
+              Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        )
+        .await
+        .unwrap();
+    let refused = reserve.response().await.unwrap_or_else(|| {
+        panic!(
+            "the reserve's connection was dropped\nold log:\n{}",
+            old.log()
+        )
+    });
+    assert_eq!(refused.status, 401, "{:?}", refused.json());
+    assert_eq!(refused.header("connection"), Some("close"));
+    wait_until_async("the old gateway to exit", Duration::from_secs(20), || {
+        let running = old.child.is_running();
+        async move { !running }
+    })
+    .await;
+    // The new process serves.
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+    assert!(new.is_running());
+}
