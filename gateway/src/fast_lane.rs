@@ -42,8 +42,9 @@
 //!   refused by it but goes on, authenticated, to stockd (`filters/sold_out.rs`).
 //!   Everyone else's sold-out answer stays canned here.
 //! - Deadlines are the pipeline's: the read deadline of `deadline.rs` covers a request
-//!   from its first byte; an idle connection is closed after 60 s, as pingora closes an
-//!   idle HTTP/1.1 keep-alive, or at shutdown. A connection that has not sent its first
+//!   from its first byte (and one whose first bytes came with the request before it,
+//!   from when the lane goes on to it); an idle connection is closed after 60 s, as
+//!   pingora closes an idle HTTP/1.1 keep-alive, or at shutdown. A connection that has not sent its first
 //!   request yet is not idle: at shutdown (a graceful upgrade's old process) the lane
 //!   waits for that request's head and hands it to pingora, which answers it with
 //!   `Connection: close` (pingora alone would drop the connection).
@@ -170,15 +171,26 @@ where
     // Whether this connection has had an answer here. Until then the client has just
     // connected and its first request is on the way: shutdown does not close it.
     let mut served = false;
+    // The read deadline of a request whose first bytes came with the one before: the
+    // stream's own (`deadline.rs`) starts at a request's first byte read and ends at
+    // the answer's write, so it does not cover bytes already in `buf` then.
+    let mut rest_deadline = None;
     loop {
-        if *shutdown.borrow() && (served && buf.is_empty() || head_complete(&buf)) {
+        let stopping = *shutdown.borrow();
+        if stopping && (served && buf.is_empty() || head_complete(shared, &buf)) {
             // pingora answers with `Connection: close` while shutting down. It drops a
             // connection whose request head is not all in hand when shutdown comes (or
             // came), so it gets one only with the whole head, or an idle keep-alive.
             return Lane::HandOver(buf);
         }
         out.clear();
-        let (len, answer) = match scan(shared, &buf, peer, &mut out, &mut memo) {
+        let scanned = if stopping {
+            // The rest of the head first (above).
+            Scan::Partial
+        } else {
+            scan(shared, &buf, peer, &mut out, &mut memo)
+        };
+        let (len, answer) = match scanned {
             Scan::Pingora => return Lane::HandOver(buf),
             Scan::Answered { len, answer } => (len, answer),
             Scan::Reserve(r) => (r.len, reserve(shared, &buf, r, &mut out, &mut memo).await),
@@ -199,6 +211,13 @@ where
                     // would refuse a request that reached us; the grace period bounds
                     // the wait.
                     tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf))
+                        .await
+                        .unwrap_or(Ok(0))
+                } else if served {
+                    let limit = Duration::from_millis(shared.policy().protection.request_read_ms);
+                    let at =
+                        *rest_deadline.get_or_insert_with(|| tokio::time::Instant::now() + limit);
+                    tokio::time::timeout_at(at, io.read_buf(&mut buf))
                         .await
                         .unwrap_or(Ok(0))
                 } else {
@@ -240,20 +259,27 @@ where
             return Lane::Closed;
         }
         buf.advance(len);
+        rest_deadline = None;
     }
 }
 
-/// Whether `buf` starts with a whole request head, or with bytes that are not one
-/// (pingora answers those): what pingora needs to serve it during shutdown.
-fn head_complete(buf: &[u8]) -> bool {
+/// Whether `buf` starts with a whole request head: what pingora needs to serve it
+/// during shutdown. A head this parser refuses (more headers than [`MAX_HEADERS`], a
+/// request line pingora repairs) counts once its end is in `buf` (or `buf` is past the
+/// size the scan allows a head): pingora parses it with its own rules.
+fn head_complete(shared: &Shared, buf: &[u8]) -> bool {
     if buf.is_empty() {
         return false;
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    !matches!(
-        httparse::Request::new(&mut headers).parse(buf),
-        Ok(httparse::Status::Partial)
-    )
+    match httparse::Request::new(&mut headers).parse(buf) {
+        Ok(httparse::Status::Complete(_)) => true,
+        Ok(httparse::Status::Partial) => false,
+        Err(_) => {
+            buf.windows(4).any(|w| w == b"\r\n\r\n")
+                || buf.len() > shared.policy().protection.max_header_bytes + 8192
+        }
+    }
 }
 
 /// The request target's path, for the access log (only built when it is on).
@@ -882,5 +908,58 @@ mod tests {
             Lane::Closed => {}
             Lane::HandOver(rest) => assert!(rest.is_empty()),
         }
+    }
+
+    #[tokio::test]
+    async fn at_shutdown_a_head_of_many_headers_is_handed_over_whole() {
+        use tokio::io::AsyncWriteExt;
+        let sh = Arc::new(shared());
+        // More headers than the lane parses: its parser fails before the head ends, and
+        // pingora (256 headers) would drop the half handed to it at shutdown.
+        let head = format!(
+            "GET /api/v1/activities HTTP/1.1\r\n{}\r\n",
+            (0..40).map(|i| format!("h{i}: v\r\n")).collect::<String>()
+        );
+        let (_tx, stopped) = tokio::sync::watch::channel(true);
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let lane = tokio::spawn({
+            let sh = sh.clone();
+            async move { serve(&sh, &mut server, Some(FREE), &stopped).await }
+        });
+        let cut = head.len() - 40;
+        client.write_all(&head.as_bytes()[..cut]).await.unwrap();
+        tokio::task::yield_now().await;
+        client.write_all(&head.as_bytes()[cut..]).await.unwrap();
+        match lane.await.unwrap() {
+            Lane::HandOver(got) => assert_eq!(&got[..], head.as_bytes()),
+            Lane::Closed => panic!("dropped"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_of_a_next_request_that_stop_are_cut_at_the_read_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sh = Arc::new(shared());
+        let limit = Duration::from_millis(sh.policy().protection.request_read_ms);
+        let (_tx, running) = tokio::sync::watch::channel(false);
+        let (mut client, mut server) = tokio::io::duplex(4096);
+        let started = tokio::time::Instant::now();
+        let lane = tokio::spawn({
+            let sh = sh.clone();
+            async move { serve(&sh, &mut server, Some(DENIED), &running).await }
+        });
+        // A whole request and the first byte of the next, then nothing: the first is
+        // answered, and the second, which the stream's deadline (ended by that answer)
+        // does not cover, is cut at the read deadline instead of held for good.
+        let mut sent = GET.to_vec();
+        sent.push(b'G');
+        client.write_all(&sent).await.unwrap();
+        let mut answer = [0u8; 12];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"HTTP/1.1 403");
+        let ended = tokio::time::timeout(limit * 6, lane).await;
+        assert!(matches!(ended, Ok(Ok(Lane::Closed))), "not cut: {ended:?}");
+        let took = started.elapsed();
+        assert!(took >= limit && took < limit * 2, "cut after {took:?}");
     }
 }

@@ -840,10 +840,10 @@ async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_co
         },
         |c| {
             set(c, "server", "grace_period_secs", 4);
-            // The held connections below stay silent for pingora's 5 s hand-over; the
-            // read deadline (which counts a first request from the accept) must not
-            // cut them first.
-            set(c, "protection", "request_read_ms", 30_000);
+            // The held connections below stay silent through the new process's start
+            // and pingora's 5 s hand-over; the read deadline (which counts a first
+            // request from the accept) must not cut them first.
+            set(c, "protection", "request_read_ms", 60_000);
             // With h2c on, the preface peek waits for the first bytes whatever the
             // shutdown, which hides a silent connection from it (the race is then only
             // for bytes arriving as shutdown comes, which the upgrade test above meets
@@ -881,6 +881,7 @@ async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_co
         .status()
         .unwrap()
         .success());
+    // An info line (the harness runs the gateway with RUST_LOG=info unless set).
     wait_until_async(
         "the old gateway's shutdown",
         Duration::from_secs(20),
