@@ -26,7 +26,9 @@ use seckill_daemon::config::NamedCluster;
 use seckill_lua::keys;
 use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::orderd::spawn_orderd;
-use seckill_tests::stockd::{create_and_publish, reserve, sale_request, spawn_stockd};
+use seckill_tests::stockd::{
+    create_and_publish, reserve, reserve_retrying_busy, sale_request, spawn_stockd,
+};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -134,7 +136,9 @@ async fn an_activity_on_its_own_cluster_sells_and_drains_while_the_default_clust
             .map(|u| {
                 let mut c = stock.clone();
                 async move {
-                    let r = reserve(&mut c, hot_a, hot_s, &u, "r").await;
+                    // ABORTED is the contention answer over the last units ("retry with the
+                    // same request id"): the buyer sends again, as a caller does.
+                    let r = reserve_retrying_busy(&mut c, hot_a, hot_s, &u, "r").await;
                     (u, r)
                 }
             })
