@@ -17,6 +17,8 @@
 #   wait       stockd_rebalance_wait_seconds: a reservation whose home shard was empty, waiting
 #              for a rebalancing round (its turn, or the round that carried it)
 #   round      stockd_rebalance_round_seconds: one rebalancing round (read, takes, gives, look)
+#   empties    stockd_rebalance_waits_per_reserved: how many times a reservation answered
+#              RESERVED found its home shard empty (rounds waited for or run), when it did
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
 # kept in $OUT/answers.tsv; deploy/bench/opening.py): which answers were slow, and when.
 # The gap crowd - edge is time outside the gateway's handler: the client's own scheduling, the
@@ -120,6 +122,7 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_reserve_batch_size
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_rebalance_wait_seconds
 python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_rebalance_round_seconds
+python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" stockd_rebalance_waits_per_reserved
 # The end of the sale over the run: the buyers' rebalancing rounds, the takes (one Lua call
 # and a replica WAIT each) and the units moved.
 counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }

@@ -152,6 +152,10 @@ pub struct Metrics {
     /// asking for a round to its turn, or to the outcome of the round that carried it, or
     /// to the sold-out flag.
     pub rebalance_wait_seconds: Histogram,
+    /// `stockd_rebalance_waits_per_reserved`: for a reservation answered RESERVED whose
+    /// home shard was empty at least once, how many times it was (each time it waited
+    /// for a rebalancing round, or ran one).
+    pub rebalance_waits_per_reserved: Histogram,
     reservations_by: Children<IntCounter>,
     lua_seconds_by: Children<Histogram>,
 }
@@ -299,6 +303,15 @@ impl Metrics {
             "stockd_rebalance_round_seconds",
             "One rebalancing round, from its turn to its outcome",
         );
+        let rebalance_waits_per_reserved = Histogram::with_opts(
+            HistogramOpts::new(
+                "stockd_rebalance_waits_per_reserved",
+                "Times the home shard of a reservation answered RESERVED was empty (rounds \
+                 it waited for or ran), for those that found it empty at least once",
+            )
+            .buckets(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]),
+        )
+        .expect("valid metric");
         let rebalance_wait_seconds = call_histogram(
             "stockd_rebalance_wait_seconds",
             "A reservation whose home shard was empty: waiting for a rebalancing round's turn \
@@ -323,6 +336,7 @@ impl Metrics {
             Box::new(rebalance_rounds.clone()),
             Box::new(rebalance_round_seconds.clone()),
             Box::new(rebalance_wait_seconds.clone()),
+            Box::new(rebalance_waits_per_reserved.clone()),
             Box::new(lost_unconfirmed.clone()),
             Box::new(replica_ack_seconds.clone()),
             Box::new(replica_acks_total.clone()),
@@ -359,6 +373,7 @@ impl Metrics {
             rebalance_rounds,
             rebalance_round_seconds,
             rebalance_wait_seconds,
+            rebalance_waits_per_reserved,
             lost_unconfirmed,
             replica_ack_seconds,
             replica_acks_total,

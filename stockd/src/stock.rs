@@ -193,12 +193,19 @@ impl App {
         let mut moved = false;
         // The last rebalancing round this call waited on failed (`crate::mover`).
         let mut failed = false;
+        // Times the home shard answered SOLD_OUT or SHORT (each a round waited for or run).
+        let mut empties = 0u32;
         for attempt in 0..=attempts {
             match self
                 .reserve_script(&entry, item, home, user, request, quantity, attempt > 0)
                 .await?
             {
                 Script::Reserved(rid, left, units) => {
+                    if empties > 0 {
+                        self.metrics
+                            .rebalance_waits_per_reserved
+                            .observe(f64::from(empties));
+                    }
                     if left == 0 {
                         self.spawn_sold_out_check(&entry, item);
                     } else if moved {
@@ -257,6 +264,7 @@ impl App {
                 }
                 Script::SoldOut | Script::Short(_) if attempt == attempts => break,
                 Script::SoldOut => {
+                    empties += 1;
                     // The cold path is boxed: it keeps this future small, and the gRPC
                     // layer moves every Reserve future (its largest state) into a box.
                     match Box::pin(self.home_empty(&entry, item, home, quantity, 0)).await? {
@@ -272,6 +280,7 @@ impl App {
                     }
                 }
                 Script::Short(have) => {
+                    empties += 1;
                     match Box::pin(self.home_empty(&entry, item, home, quantity, have)).await? {
                         Empty::Retry { moved: m } => {
                             moved |= m;

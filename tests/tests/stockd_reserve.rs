@@ -248,6 +248,11 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
         h.metrics.rebalance_round_seconds.get_sample_count(),
         h.metrics.rebalance_wait_seconds.get_sample_count(),
     );
+    let per_reserved = &h.metrics.rebalance_waits_per_reserved;
+    let (counted_before, empties_before) = (
+        per_reserved.get_sample_count(),
+        per_reserved.get_sample_sum(),
+    );
     // 50 buyers of shard 0 at once, for the 42 units: every one of them finds its home
     // empty at least once.
     let c = h.stock_client().await;
@@ -303,6 +308,17 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
         "{waits} waits for {rounds} rounds"
     );
     assert!(h.metrics.rebalance_round_seconds.get_sample_sum() > 0.0);
+    // Every buyer found its home empty on its first try: each one reserved counts its
+    // empties (a buyer told to retry whose next try found units home counts none), and
+    // no sold-out buyer counts.
+    let counted = per_reserved.get_sample_count() - counted_before;
+    let empties = per_reserved.get_sample_sum() - empties_before;
+    eprintln!("reserved after an empty home: {counted}, {empties} empties in all");
+    assert!(
+        (1..=42).contains(&counted),
+        "{counted} reservations counted"
+    );
+    assert!(empties >= counted as f64, "{empties} empties for {counted}");
 }
 
 /// One call of a typed script (`seckill_lua::calls`), as the daemons send it; its
