@@ -198,30 +198,32 @@ where
                 if buf.capacity() - buf.len() < 1024 {
                     buf.reserve(4096);
                 }
-                let read = if buf.is_empty() && served {
+                let read = match (buf.is_empty(), served) {
                     // Between requests: pingora's keep-alive timeout, or shutdown.
-                    tokio::select! {
+                    (true, true) => tokio::select! {
                         r = tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf)) => r.unwrap_or(Ok(0)),
                         _ = shutdown.changed() => Ok(0),
-                    }
-                } else if buf.is_empty() {
+                    },
                     // A new connection's first request, also after shutdown: it was
                     // accepted while this process held the listener (a graceful upgrade
                     // hands it over mid-stream), and its client is sending. Closing it
                     // would refuse a request that reached us; the grace period bounds
                     // the wait.
-                    tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf))
+                    (true, false) => tokio::time::timeout(KEEPALIVE, io.read_buf(&mut buf))
                         .await
-                        .unwrap_or(Ok(0))
-                } else if served {
-                    let limit = Duration::from_millis(shared.policy().protection.request_read_ms);
-                    let at =
-                        *rest_deadline.get_or_insert_with(|| tokio::time::Instant::now() + limit);
-                    tokio::time::timeout_at(at, io.read_buf(&mut buf))
-                        .await
-                        .unwrap_or(Ok(0))
-                } else {
-                    io.read_buf(&mut buf).await
+                        .unwrap_or(Ok(0)),
+                    // The rest of a request whose first bytes came with the one before.
+                    (false, true) => {
+                        let limit =
+                            Duration::from_millis(shared.policy().protection.request_read_ms);
+                        let at = *rest_deadline
+                            .get_or_insert_with(|| tokio::time::Instant::now() + limit);
+                        tokio::time::timeout_at(at, io.read_buf(&mut buf))
+                            .await
+                            .unwrap_or(Ok(0))
+                    }
+                    // The rest of a first request: the stream's deadline covers it.
+                    (false, false) => io.read_buf(&mut buf).await,
                 };
                 match read {
                     Ok(0) | Err(_) => return Lane::Closed,
@@ -263,6 +265,13 @@ where
     }
 }
 
+/// The most bytes a request head may take before the lane stops waiting for its end
+/// (`protection.max_header_bytes` counts header names and values only; the slack is
+/// for the request line and the framing).
+fn head_cap(p: &crate::config::Protection) -> usize {
+    p.max_header_bytes + 8192
+}
+
 /// Whether `buf` starts with a whole request head: what pingora needs to serve it
 /// during shutdown. A head this parser refuses (more headers than [`MAX_HEADERS`], a
 /// request line pingora repairs) counts once its end is in `buf` (or `buf` is past the
@@ -277,7 +286,7 @@ fn head_complete(shared: &Shared, buf: &[u8]) -> bool {
         Ok(httparse::Status::Partial) => false,
         Err(_) => {
             buf.windows(4).any(|w| w == b"\r\n\r\n")
-                || buf.len() > shared.policy().protection.max_header_bytes + 8192
+                || buf.len() > head_cap(&shared.policy().protection)
         }
     }
 }
@@ -308,9 +317,7 @@ fn scan(
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() <= p.max_header_bytes + 8192 => {
-            return Scan::Partial
-        }
+        Ok(httparse::Status::Partial) if buf.len() <= head_cap(p) => return Scan::Partial,
         _ => return Scan::Pingora,
     };
     let post = match req.method {

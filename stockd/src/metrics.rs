@@ -303,6 +303,11 @@ impl Metrics {
             "stockd_rebalance_round_seconds",
             "One rebalancing round, from its turn to its outcome",
         );
+        let rebalance_wait_seconds = call_histogram(
+            "stockd_rebalance_wait_seconds",
+            "A reservation whose home shard was empty: waiting for a rebalancing round's turn \
+             or for the round that carried it",
+        );
         let rebalance_waits_per_reserved = Histogram::with_opts(
             HistogramOpts::new(
                 "stockd_rebalance_waits_per_reserved",
@@ -312,11 +317,6 @@ impl Metrics {
             .buckets(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]),
         )
         .expect("valid metric");
-        let rebalance_wait_seconds = call_histogram(
-            "stockd_rebalance_wait_seconds",
-            "A reservation whose home shard was empty: waiting for a rebalancing round's turn \
-             or for the round that carried it",
-        );
         for m in [
             Box::new(reservations.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(releases.clone()),

@@ -6,8 +6,8 @@
 //! invariants inline, so the cases read top to bottom.)
 
 use seckill_tests::gateway::{
-    bucket, call, set, spawn_gateway, spawn_gateway_unready, EdgeDeps, PausableProxy, RawHttp,
-    Stack,
+    bucket, call, set, spawn_gateway, spawn_gateway_unready, EdgeDeps, GatewayHandle,
+    PausableProxy, RawHttp, Stack,
 };
 use seckill_tests::process::{free_port, wait_until_async};
 use seckill_tests::stockd::create_published_activity;
@@ -727,27 +727,13 @@ async fn a_graceful_upgrade_hands_the_listeners_over_without_refusing_a_request(
     use std::sync::Arc;
     init_tracing();
     let redis = RedisCluster::start();
-    let dead = format!("127.0.0.1:{}", free_port(None));
     // After the hand-over the old process accepts for pingora's 5 s, stops accepting, and
     // then gives the requests it holds `grace_period_secs` before its runtime drops them.
     // The harness sets 0 (fast shutdowns); with 0 a request accepted in the last instant is
     // reset. The shipped default is 1; 2 leaves room on a loaded 2-core machine.
-    let mut old = spawn_gateway_unready(
-        &EdgeDeps {
-            redis: &redis,
-            stockd: &dead,
-            orderd: &dead,
-        },
-        |c| {
-            set(c, "server", "grace_period_secs", 2);
-        },
-    )
-    .await;
-    let url = format!("{}/api/v1/activities", old.base_url());
     // The listing answers 200 before the load starts, so any failure is the upgrade's.
-    wait_until_async("the listing", Duration::from_secs(20), || {
-        let url = url.clone();
-        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    let (mut old, url) = upgradable_gateway(&redis, |c| {
+        set(c, "server", "grace_period_secs", 2);
     })
     .await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -777,24 +763,9 @@ async fn a_graceful_upgrade_hands_the_listeners_over_without_refusing_a_request(
         }
     });
     // The new process listens on the upgrade socket; then the old one gets SIGQUIT.
-    let mut cmd = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"));
-    cmd.arg("-u").arg("-c").arg(old.config_path());
-    let new_log = old.dir.path().join("gateway-new.log");
-    let mut new = seckill_tests::process::ChildGuard::spawn("gateway-new", cmd, &new_log).unwrap();
-    let sock = old.dir.path().join("upgrade.sock");
-    wait_until_async("the upgrade socket", Duration::from_secs(20), || {
-        let sock = sock.clone();
-        async move { sock.exists() }
-    })
-    .await;
+    let (mut new, new_log) = start_upgrade(&old).await;
     let before = ok.load(Ordering::Relaxed);
-    let pid = old.child.id().unwrap();
-    assert!(std::process::Command::new("kill")
-        .arg("-QUIT")
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success());
+    hand_over(&old);
     wait_until_async("the old gateway to exit", Duration::from_secs(20), || {
         let running = old.child.is_running();
         async move { !running }
@@ -831,31 +802,17 @@ async fn a_graceful_upgrade_hands_the_listeners_over_without_refusing_a_request(
 async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_comes_late() {
     init_tracing();
     let redis = RedisCluster::start();
-    let dead = format!("127.0.0.1:{}", free_port(None));
-    let mut old = spawn_gateway_unready(
-        &EdgeDeps {
-            redis: &redis,
-            stockd: &dead,
-            orderd: &dead,
-        },
-        |c| {
-            set(c, "server", "grace_period_secs", 4);
-            // The held connections below stay silent through the new process's start
-            // and pingora's 5 s hand-over; the read deadline (which counts a first
-            // request from the accept) must not cut them first.
-            set(c, "protection", "request_read_ms", 60_000);
-            // With h2c on, the preface peek waits for the first bytes whatever the
-            // shutdown, which hides a silent connection from it (the race is then only
-            // for bytes arriving as shutdown comes, which the upgrade test above meets
-            // by chance); off, the wait for the first request is the fast lane's.
-            set(c, "server", "h2c", false);
-        },
-    )
-    .await;
-    let url = format!("{}/api/v1/activities", old.base_url());
-    wait_until_async("the listing", Duration::from_secs(20), || {
-        let url = url.clone();
-        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    let (mut old, url) = upgradable_gateway(&redis, |c| {
+        set(c, "server", "grace_period_secs", 4);
+        // The held connections below stay silent through the new process's start and
+        // pingora's 5 s hand-over; the read deadline (which counts a first request from
+        // the accept) must not cut them first.
+        set(c, "protection", "request_read_ms", 60_000);
+        // With h2c on, the preface peek waits for the first bytes whatever the shutdown,
+        // which hides a silent connection from it (the race is then only for bytes
+        // arriving as shutdown comes, which the upgrade test above meets by chance); off,
+        // the wait for the first request is the fast lane's.
+        set(c, "server", "h2c", false);
     })
     .await;
     // Connected while the old process is the only one accepting, silent until it has
@@ -864,23 +821,8 @@ async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_co
     // the fast lane answers (a reserve without a token: 401).
     let mut listing = RawHttp::connect(old.port).await;
     let mut reserve = RawHttp::connect(old.port).await;
-    let mut cmd = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"));
-    cmd.arg("-u").arg("-c").arg(old.config_path());
-    let new_log = old.dir.path().join("gateway-new.log");
-    let mut new = seckill_tests::process::ChildGuard::spawn("gateway-new", cmd, &new_log).unwrap();
-    let sock = old.dir.path().join("upgrade.sock");
-    wait_until_async("the upgrade socket", Duration::from_secs(20), || {
-        let sock = sock.clone();
-        async move { sock.exists() }
-    })
-    .await;
-    let pid = old.child.id().unwrap();
-    assert!(std::process::Command::new("kill")
-        .arg("-QUIT")
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success());
+    let (mut new, _) = start_upgrade(&old).await;
+    hand_over(&old);
     // An info line (the harness runs the gateway with RUST_LOG=info unless set).
     wait_until_async(
         "the old gateway's shutdown",
@@ -926,4 +868,58 @@ async fn a_connection_accepted_before_an_upgrade_is_answered_when_its_request_co
     // The new process serves.
     assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
     assert!(new.is_running());
+}
+
+/// A gateway with no backends (the listing needs none), its listing answering 200; and
+/// the listing's URL.
+async fn upgradable_gateway(
+    redis: &RedisCluster,
+    tweak: impl FnOnce(&mut gateway::toml::Table),
+) -> (GatewayHandle, String) {
+    let dead = format!("127.0.0.1:{}", free_port(None));
+    let gw = spawn_gateway_unready(
+        &EdgeDeps {
+            redis,
+            stockd: &dead,
+            orderd: &dead,
+        },
+        tweak,
+    )
+    .await;
+    let url = format!("{}/api/v1/activities", gw.base_url());
+    wait_until_async("the listing", Duration::from_secs(20), || {
+        let url = url.clone();
+        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    (gw, url)
+}
+
+/// Starts the new process of a graceful upgrade of `old` (`-u`, same config) and waits
+/// until it listens on the upgrade socket; the process and its log's path.
+async fn start_upgrade(
+    old: &GatewayHandle,
+) -> (seckill_tests::process::ChildGuard, std::path::PathBuf) {
+    let mut cmd = std::process::Command::new(seckill_tests::process::workspace_bin("gateway"));
+    cmd.arg("-u").arg("-c").arg(old.config_path());
+    let log = old.dir.path().join("gateway-new.log");
+    let new = seckill_tests::process::ChildGuard::spawn("gateway-new", cmd, &log).unwrap();
+    let sock = old.dir.path().join("upgrade.sock");
+    wait_until_async("the upgrade socket", Duration::from_secs(20), || {
+        let sock = sock.clone();
+        async move { sock.exists() }
+    })
+    .await;
+    (new, log)
+}
+
+/// SIGQUIT to `old`: it hands its listeners over to the process waiting on the socket.
+fn hand_over(old: &GatewayHandle) {
+    let pid = old.child.id().unwrap();
+    assert!(std::process::Command::new("kill")
+        .arg("-QUIT")
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success());
 }
