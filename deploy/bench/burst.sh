@@ -17,6 +17,9 @@
 #   wait       stockd_rebalance_wait_seconds: a reservation whose home shard was empty, waiting
 #              for a rebalancing round (its turn, or the round that carried it)
 #   round      stockd_rebalance_round_seconds: one rebalancing round (read, takes, gives, look)
+#   outcomes   stockd_rebalance_round_outcomes_total: rounds that moved units home, found them
+#              only elsewhere (the callers reserve again), or found the item sold out
+#              (printed with the moves)
 #   empties    stockd_rebalance_waits_per_reserved: how many times a reservation answered
 #              RESERVED found its home shard empty (rounds waited for or run), when it did
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
@@ -127,7 +130,9 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 # and a replica WAIT each) and the units moved.
 counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
 moves=""
-for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total; do
+for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
+    'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
+    'stockd_rebalance_round_outcomes_total{outcome="sold_out"}'; do
     moves+=" ${m}=$(( $(counter "$m" "$OUT/stockd-after.prom") - $(counter "$m" "$OUT/stockd-before.prom") ))"
 done
 echo "moves:$moves"

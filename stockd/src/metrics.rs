@@ -23,6 +23,15 @@ pub const RESERVE_OUTCOMES: [&str; 10] = [
     "invalid",
 ];
 
+/// Labels of `stockd_rebalance_round_outcomes_total`: what a rebalancing round found.
+/// - `home`: units moved home (all the round claimed, or some);
+/// - `elsewhere`: nothing moved home, but the other shards or the units in transit hold
+///   enough (the callers reserve again);
+/// - `not_enough`: the shards hold fewer units than the round's caller asked for;
+/// - `sold_out`: every shard empty: the item is marked sold out;
+/// - `failed`: an error ended the round (the callers it carried retry).
+pub const ROUND_OUTCOMES: [&str; 5] = ["home", "elsewhere", "not_enough", "sold_out", "failed"];
+
 /// Labels of `stockd_lost_reservations_total`: how the loss was found.
 /// - `behind`: a shard's sequence below one this process saw handed out, fence intact
 ///   (a failover to a replica that lagged);
@@ -145,6 +154,9 @@ pub struct Metrics {
     /// `stockd_rebalance_rounds_total`: rebalancing rounds run (one per item and empty
     /// home shard at a time, for every reservation waiting on it; `crate::mover`).
     pub rebalance_rounds: IntCounter,
+    /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
+    /// what they found ([`ROUND_OUTCOMES`]).
+    pub rebalance_round_outcomes: IntCounterVec,
     /// `stockd_rebalance_round_seconds`: one rebalancing round, from its turn to its
     /// outcome (the read of the shards, the takes and gives, the look when too few moved).
     pub rebalance_round_seconds: Histogram,
@@ -299,6 +311,14 @@ impl Metrics {
              reservation waiting on it",
         )
         .expect("valid metric");
+        let rebalance_round_outcomes = IntCounterVec::new(
+            Opts::new(
+                "stockd_rebalance_round_outcomes_total",
+                "Rebalancing rounds ended, by what they found",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
         let rebalance_round_seconds = call_histogram(
             "stockd_rebalance_round_seconds",
             "One rebalancing round, from its turn to its outcome",
@@ -334,6 +354,7 @@ impl Metrics {
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
             Box::new(rebalance_rounds.clone()),
+            Box::new(rebalance_round_outcomes.clone()),
             Box::new(rebalance_round_seconds.clone()),
             Box::new(rebalance_wait_seconds.clone()),
             Box::new(rebalance_waits_per_reserved.clone()),
@@ -371,6 +392,7 @@ impl Metrics {
             lost_reservations,
             rebalance_units,
             rebalance_rounds,
+            rebalance_round_outcomes,
             rebalance_round_seconds,
             rebalance_wait_seconds,
             rebalance_waits_per_reserved,
@@ -422,6 +444,13 @@ impl Metrics {
             Some(c) => c.inc(),
             None => self.reservations.with_label_values(&[outcome]).inc(),
         }
+    }
+
+    /// Counts one rebalancing round that found `outcome` (one of [`ROUND_OUTCOMES`]).
+    pub fn count_round(&self, outcome: &str) {
+        self.rebalance_round_outcomes
+            .with_label_values(&[outcome])
+            .inc();
     }
 
     /// Observes one Lua call of `script`, in seconds.

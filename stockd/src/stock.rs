@@ -268,9 +268,9 @@ impl App {
                     // The cold path is boxed: it keeps this future small, and the gRPC
                     // layer moves every Reserve future (its largest state) into a box.
                     match Box::pin(self.home_empty(&entry, item, home, quantity, 0)).await? {
-                        Empty::Retry { moved: m } => {
-                            moved |= m;
-                            failed = !m;
+                        Empty::Retry(again) => {
+                            moved |= again != Again::Failed;
+                            failed = again == Again::Failed;
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
@@ -282,9 +282,9 @@ impl App {
                 Script::Short(have) => {
                     empties += 1;
                     match Box::pin(self.home_empty(&entry, item, home, quantity, have)).await? {
-                        Empty::Retry { moved: m } => {
-                            moved |= m;
-                            failed = !m;
+                        Empty::Retry(again) => {
+                            moved |= again != Again::Failed;
+                            failed = again == Again::Failed;
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
@@ -312,7 +312,7 @@ impl App {
         match Box::pin(self.remains(&entry, item, quantity)).await? {
             Empty::SoldOut => Ok((Reserve::SoldOut, window)),
             Empty::NotEnough(remaining) => Ok((Reserve::NotEnough { remaining }, window)),
-            Empty::Retry { .. } => {
+            Empty::Retry(_) => {
                 item_entry.gave_up.fetch_add(1, Ordering::Relaxed);
                 self.metrics.gave_up.inc();
                 Err(Error::Contended(format!(
@@ -375,8 +375,8 @@ impl App {
             .observe(asked.elapsed().as_secs_f64());
         let mut round = match turn {
             None | Some(Turn::Done(Outcome::SoldOut)) => return Ok(Empty::SoldOut),
-            Some(Turn::Done(Outcome::Retry)) => return Ok(Empty::Retry { moved: true }),
-            Some(Turn::Done(Outcome::Failed)) => return Ok(Empty::Retry { moved: false }),
+            Some(Turn::Done(Outcome::Retry)) => return Ok(Empty::Retry(Again::Home)),
+            Some(Turn::Done(Outcome::Failed)) => return Ok(Empty::Retry(Again::Failed)),
             Some(Turn::Run(round)) => round,
         };
         self.metrics.rebalance_rounds.inc();
@@ -386,11 +386,21 @@ impl App {
         self.metrics
             .rebalance_round_seconds
             .observe(ran.elapsed().as_secs_f64());
-        let empty = empty?;
-        round.finish(match empty {
-            Empty::SoldOut => Outcome::SoldOut,
-            Empty::Retry { .. } | Empty::NotEnough(_) => Outcome::Retry,
-        });
+        let empty = match empty {
+            Ok(empty) => empty,
+            Err(e) => {
+                self.metrics.count_round("failed");
+                return Err(e);
+            }
+        };
+        let (outcome, label) = match empty {
+            Empty::SoldOut => (Outcome::SoldOut, "sold_out"),
+            Empty::Retry(again) => (Outcome::Retry, again.label()),
+            // A caller carried by this round may want fewer units than this one.
+            Empty::NotEnough(_) => (Outcome::Retry, "not_enough"),
+        };
+        self.metrics.count_round(label);
+        round.finish(outcome);
         Ok(empty)
     }
 
@@ -406,10 +416,14 @@ impl App {
         round: &mut Round<'_>,
     ) -> Result<Empty> {
         match self.rebalance(entry, item, home, round).await? {
-            Moved::Units => Ok(Empty::Retry { moved: true }),
+            Moved::Units => Ok(Empty::Retry(Again::Home)),
             // Units may have moved since the round's read: look again before declaring
             // it sold out (or short).
-            Moved::Nothing | Moved::Some => self.remains(entry, item, units).await,
+            Moved::Some => Ok(match self.remains(entry, item, units).await? {
+                Empty::Retry(_) => Empty::Retry(Again::Home),
+                other => other,
+            }),
+            Moved::Nothing => self.remains(entry, item, units).await,
         }
     }
 
@@ -427,14 +441,14 @@ impl App {
         let look = self.look(activity, item, shards).await?;
         let total = look.left + look.in_transit;
         if total >= i64::from(units) {
-            return Ok(Empty::Retry { moved: true });
+            return Ok(Empty::Retry(Again::Elsewhere));
         }
         if total > 0 {
             return Ok(Empty::NotEnough(total));
         }
         if !self.mark_after_look(activity, item, look).await? {
             // Units are moving, or moved during the look: reserve again.
-            return Ok(Empty::Retry { moved: true });
+            return Ok(Empty::Retry(Again::Elsewhere));
         }
         Ok(Empty::SoldOut)
     }
@@ -958,12 +972,34 @@ enum Moved {
 
 /// What follows a SOLD_OUT or SHORT from the home shard.
 enum Empty {
-    Retry {
-        moved: bool,
-    },
+    /// Reserve again.
+    Retry(Again),
     SoldOut,
     /// The shards hold this many units together, fewer than asked for.
     NotEnough(i64),
+}
+
+/// Why a caller whose home shard was empty reserves again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Again {
+    /// Units moved home.
+    Home,
+    /// Nothing moved home, but the other shards (and the units in transit) hold enough:
+    /// they are being bought where they are, or are on their way to another home.
+    /// (Told apart from [`Self::Home`] only in `stockd_rebalance_round_outcomes_total`.)
+    Elsewhere,
+    /// The round this caller waited on failed.
+    Failed,
+}
+
+impl Again {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Home => "home",
+            Self::Elsewhere => "elsewhere",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 /// The donors a move asks, in order: every shard but `home` that held units in

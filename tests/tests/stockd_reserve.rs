@@ -23,6 +23,7 @@ use seckill_tests::stockd::{
     take_in_transit, takes, StockClient, StockdHandle,
 };
 use seckill_tests::{init_tracing, RedisCluster, TestDb};
+use stockd::metrics::ROUND_OUTCOMES;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -321,6 +322,68 @@ async fn buyers_whose_home_emptied_together_share_the_moves_and_sell_every_unit_
     assert!(empties >= counted as f64, "{empties} empties for {counted}");
 }
 
+/// Rebalancing rounds that ended finding `outcome` (`stockd::metrics::ROUND_OUTCOMES`).
+fn round_outcomes(h: &StockdHandle, outcome: &str) -> u64 {
+    h.metrics
+        .rebalance_round_outcomes
+        .with_label_values(&[outcome])
+        .get()
+}
+
+/// The end of a sale as a crowd meets it: the last units sit on three shards, bought
+/// there by their own buyers while buyers of two empty homes run rounds against them.
+/// Every unit sells, once, to distinct buyers; nobody is told sold out while a shard holds
+/// a unit; every round that ran is counted by what it found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buyers_of_the_last_units_shards_and_of_empty_homes_at_once_sell_every_unit_once() {
+    init_tracing();
+    const SHARDS: u32 = 8;
+    const UNITS: usize = 3 * 9;
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
+    let act = create_published_activity(&h, &[(80, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    let redis = cluster.client().await;
+    set_shard_stock(&redis, a, s, &[0, 9, 0, 9, 0, 9, 0, 0]).await;
+    let rounds_before = h.metrics.rebalance_rounds.get();
+    let ended_before: u64 = ROUND_OUTCOMES.iter().map(|o| round_outcomes(&h, o)).sum();
+    // 12 buyers on each of the three shards with units, 12 on each of two empty homes.
+    let calls: Vec<(String, String)> = [1, 3, 5, 0, 2]
+        .iter()
+        .flat_map(|&home| {
+            (0..12).map(move |i| user_on_shard(&format!("p{home}-{i}"), home, SHARDS))
+        })
+        .map(|u| (u.clone(), format!("{u}-r")))
+        .collect();
+    let buyers = calls.len();
+    let mut reserved = HashSet::new();
+    let mut sold_out = 0;
+    for (user, r) in crowd(&h.stock_client().await, a, s, calls).await {
+        match r.unwrap().outcome() {
+            ReserveOutcome::Reserved => assert!(reserved.insert(user)),
+            ReserveOutcome::SoldOut => sold_out += 1,
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    assert_eq!(reserved.len(), UNITS, "sold out answers: {sold_out}");
+    assert_eq!(sold_out, buyers - UNITS);
+    assert_eq!(
+        shard_stock(&redis, a, s, SHARDS).await,
+        vec![0; SHARDS as usize]
+    );
+    assert_eq!(stream_len(&redis, a, SHARDS).await, UNITS as u64);
+    // Every round that ran ended with one outcome counted.
+    let rounds = h.metrics.rebalance_rounds.get() - rounds_before;
+    let ended: u64 = ROUND_OUTCOMES.iter().map(|o| round_outcomes(&h, o)).sum();
+    eprintln!(
+        "{rounds} rounds: {:?}",
+        ROUND_OUTCOMES.map(|o| (o, round_outcomes(&h, o)))
+    );
+    assert!(rounds > 0, "no buyer of an empty home ran a round");
+    assert_eq!(ended - ended_before, rounds);
+}
+
 /// One call of a typed script (`seckill_lua::calls`), as the daemons send it; its
 /// integer answer.
 async fn eval_int<C: Call>(redis: &Client, c: C) -> i64 {
@@ -486,10 +549,18 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     // transit, and do not mark either. Out of attempts, it is told to retry (ABORTED:
     // contention, this stockd is healthy), not sold out: the units are on their way to a
     // shard. (It used to be told SOLD_OUT, a false sold-out.)
+    // Each of its rounds ended finding the units elsewhere (`elsewhere`: in transit).
     let user = user_on_shard("during", 0, SHARDS);
+    let elsewhere = round_outcomes(&h, "elsewhere");
     let e = reserve(&mut c, a, s, &user, "r").await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
     assert!(e.message().contains("retry"), "{e:?}");
+    let attempts = stockd::config::StockConfig::default().rebalance_attempts;
+    assert_eq!(
+        round_outcomes(&h, "elsewhere") - elsewhere,
+        u64::from(attempts),
+        "one round per attempt, each finding the units in transit"
+    );
     assert!(
         !sold_out_flagged(&redis, a, s).await,
         "flagged while units move"
