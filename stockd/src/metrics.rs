@@ -24,9 +24,10 @@ pub const RESERVE_OUTCOMES: [&str; 10] = [
 ];
 
 /// Labels of `stockd_rebalance_round_outcomes_total`: what a rebalancing round found.
-/// - `home`: units moved home (all the round claimed, or some);
-/// - `elsewhere`: nothing moved home, but the other shards or the units in transit hold
-///   enough (the callers reserve again);
+/// - `home`: units moved home (all the round claimed, or some while enough remain);
+/// - `elsewhere`: nothing moved home, but the shards or the units in transit hold enough,
+///   or units were moving when every shard looked empty (the mark was refused); the
+///   callers reserve again;
 /// - `not_enough`: the shards hold fewer units than the round's caller asked for;
 /// - `sold_out`: every shard empty: the item is marked sold out;
 /// - `failed`: an error ended the round (the callers it carried retry).

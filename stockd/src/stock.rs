@@ -982,7 +982,7 @@ enum Empty {
 /// Why a caller whose home shard was empty reserves again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Again {
-    /// Units moved home.
+    /// Units moved home (for a caller carried by another's round: that round did not fail).
     Home,
     /// Nothing moved home, but the other shards (and the units in transit) hold enough:
     /// they are being bought where they are, or are on their way to another home.
