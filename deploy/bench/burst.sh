@@ -20,6 +20,9 @@
 #   outcomes   stockd_rebalance_round_outcomes_total: rounds that moved units home, found them
 #              only elsewhere (the callers reserve again), or found the item sold out
 #              (printed with the moves)
+#   looks      stockd_sold_out_looks_total: looks at every shard of an item (a GET and one
+#              look call per shard) by rounds, by the check after a shard emptied, and by
+#              buyers out of attempts (printed with the moves)
 #   empties    stockd_rebalance_waits_per_reserved: how many times a reservation answered
 #              RESERVED found its home shard empty (rounds waited for or run), when it did
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
@@ -132,7 +135,8 @@ counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
 moves=""
 for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
     'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
-    'stockd_rebalance_round_outcomes_total{outcome="sold_out"}'; do
+    'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
+    'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}'; do
     moves+=" ${m}=$(( $(counter "$m" "$OUT/stockd-after.prom") - $(counter "$m" "$OUT/stockd-before.prom") ))"
 done
 echo "moves:$moves"

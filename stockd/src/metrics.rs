@@ -33,6 +33,14 @@ pub const RESERVE_OUTCOMES: [&str; 10] = [
 /// - `failed`: an error ended the round (the callers it carried retry).
 pub const ROUND_OUTCOMES: [&str; 5] = ["home", "elsewhere", "not_enough", "sold_out", "failed"];
 
+/// Labels of `stockd_sold_out_looks_total`: who looked at every shard of an item (a
+/// look may end in the sold-out mark).
+/// - `round`: a rebalancing round that moved too few units home;
+/// - `attempts`: a buyer out of `stock.rebalance_attempts`;
+/// - `check`: the check after a reservation emptied its shard, or after a rebuild left
+///   an item without units (up to four looks each, while units move).
+pub const LOOK_CAUSES: [&str; 3] = ["round", "attempts", "check"];
+
 /// Labels of `stockd_lost_reservations_total`: how the loss was found.
 /// - `behind`: a shard's sequence below one this process saw handed out, fence intact
 ///   (a failover to a replica that lagged);
@@ -158,6 +166,9 @@ pub struct Metrics {
     /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
     /// what they found ([`ROUND_OUTCOMES`]).
     pub rebalance_round_outcomes: IntCounterVec,
+    /// `stockd_sold_out_looks_total{by}`: looks at every shard of an item, by who looked
+    /// ([`LOOK_CAUSES`]); each is a `GET` and one `look` call per shard.
+    pub sold_out_looks: IntCounterVec,
     /// `stockd_rebalance_round_seconds`: one rebalancing round, from its turn to its
     /// outcome (the read of the shards, the takes and gives, the look when too few moved).
     pub rebalance_round_seconds: Histogram,
@@ -320,6 +331,15 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let sold_out_looks = IntCounterVec::new(
+            Opts::new(
+                "stockd_sold_out_looks_total",
+                "Looks at every shard of an item (the change count, then each shard's units \
+                 and units in transit), by who looked",
+            ),
+            &["by"],
+        )
+        .expect("valid metric");
         let rebalance_round_seconds = call_histogram(
             "stockd_rebalance_round_seconds",
             "One rebalancing round, from its turn to its outcome",
@@ -356,6 +376,7 @@ impl Metrics {
             Box::new(rebalance_units.clone()),
             Box::new(rebalance_rounds.clone()),
             Box::new(rebalance_round_outcomes.clone()),
+            Box::new(sold_out_looks.clone()),
             Box::new(rebalance_round_seconds.clone()),
             Box::new(rebalance_wait_seconds.clone()),
             Box::new(rebalance_waits_per_reserved.clone()),
@@ -394,6 +415,7 @@ impl Metrics {
             rebalance_units,
             rebalance_rounds,
             rebalance_round_outcomes,
+            sold_out_looks,
             rebalance_round_seconds,
             rebalance_wait_seconds,
             rebalance_waits_per_reserved,
@@ -452,6 +474,11 @@ impl Metrics {
         self.rebalance_round_outcomes
             .with_label_values(&[outcome])
             .inc();
+    }
+
+    /// Counts one look at every shard of an item by `by` (one of [`LOOK_CAUSES`]).
+    pub fn count_look(&self, by: &str) {
+        self.sold_out_looks.with_label_values(&[by]).inc();
     }
 
     /// Observes one Lua call of `script`, in seconds.

@@ -309,7 +309,7 @@ impl App {
         // told SOLD_OUT or NOT_ENOUGH while the shards and the units in transit hold what
         // it asked for. Otherwise it retries (ABORTED: contention, not an unhealthy
         // stockd).
-        match Box::pin(self.remains(&entry, item, quantity)).await? {
+        match Box::pin(self.remains(&entry, item, quantity, "attempts")).await? {
             Empty::SoldOut => Ok((Reserve::SoldOut, window)),
             Empty::NotEnough(remaining) => Ok((Reserve::NotEnough { remaining }, window)),
             Empty::Retry(_) => {
@@ -419,11 +419,11 @@ impl App {
             Moved::Units => Ok(Empty::Retry(Again::Home)),
             // Units may have moved since the round's read: look again before declaring
             // it sold out (or short).
-            Moved::Some => Ok(match self.remains(entry, item, units).await? {
+            Moved::Some => Ok(match self.remains(entry, item, units, "round").await? {
                 Empty::Retry(_) => Empty::Retry(Again::Home),
                 other => other,
             }),
-            Moved::Nothing => self.remains(entry, item, units).await,
+            Moved::Nothing => self.remains(entry, item, units, "round").await,
         }
     }
 
@@ -436,9 +436,10 @@ impl App {
         entry: &Arc<ActivityEntry>,
         item: u64,
         units: u32,
+        by: &'static str,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
-        let look = self.look(activity, item, shards).await?;
+        let look = self.look(activity, item, shards, by).await?;
         let total = look.left + look.in_transit;
         if total >= i64::from(units) {
             return Ok(Empty::Retry(Again::Elsewhere));
@@ -767,7 +768,11 @@ impl App {
     /// count first, then each shard's units and live records of units in transit, read
     /// at once (`scripts/look.lua`). The order is what lets the mark refuse a look that
     /// a move or a return overlapped (`crate::transit`).
-    pub(crate) async fn look(&self, a: u64, s: u64, shards: u32) -> Result<Look> {
+    ///
+    /// `by` says who looks, for `stockd_sold_out_looks_total` (one of
+    /// [`crate::metrics::LOOK_CAUSES`]).
+    pub(crate) async fn look(&self, a: u64, s: u64, shards: u32, by: &'static str) -> Result<Look> {
+        self.metrics.count_look(by);
         let changes = self.sold_out_changes(a, s).await?;
         let redis = self.redis_at(a).await?;
         let shards = (0..shards).map(|i| redis.call(LookCall::new(a, i, s)));
@@ -874,7 +879,7 @@ impl App {
                 // round, which marks it once they have landed.
                 for wait_ms in [0, 20, 100, 500] {
                     tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-                    let look = app.look(a, item, shards).await?;
+                    let look = app.look(a, item, shards, "check").await?;
                     if look.left > 0 || app.mark_after_look(a, item, look).await? {
                         break;
                     }

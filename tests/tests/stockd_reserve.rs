@@ -546,6 +546,13 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
         !sold_out_flagged(&redis, a, s).await,
         "flagged while units move"
     );
+    let looks = |by: &str| h.metrics.sold_out_looks.with_label_values(&[by]).get();
+    wait_until_async(
+        "the check's four looks",
+        Duration::from_secs(10),
+        || async { looks("check") == 4 },
+    )
+    .await;
 
     // A buyer whose home is empty: its rounds find no unit on the shards, but two in
     // transit, and do not mark either. Out of attempts, it is told to retry (ABORTED:
@@ -562,6 +569,11 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
         round_outcomes(&h, "elsewhere") - elsewhere,
         u64::from(attempts),
         "one round per attempt, each finding the units in transit"
+    );
+    // A look in each round (none moved units home), and one more out of attempts.
+    assert_eq!(
+        (looks("round"), looks("attempts"), looks("check")),
+        (u64::from(attempts), 1, 4)
     );
     assert!(
         !sold_out_flagged(&redis, a, s).await,
