@@ -22,7 +22,8 @@
 #              (printed with the moves)
 #   looks      stockd_sold_out_looks_total: looks at every shard of an item (a GET and one
 #              look call per shard) by rounds, by the check after a shard emptied, and by
-#              buyers out of attempts (printed with the moves)
+#              buyers out of attempts (printed with the moves, with those buyers:
+#              stockd_reserve_gave_up_total, told to retry while units remained)
 #   empties    stockd_rebalance_waits_per_reserved: how many times a reservation answered
 #              RESERVED found its home shard empty (rounds waited for or run), when it did
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
@@ -136,7 +137,8 @@ moves=""
 for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
     'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
     'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
-    'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}'; do
+    'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}' \
+    stockd_reserve_gave_up_total; do
     moves+=" ${m}=$(( $(counter "$m" "$OUT/stockd-after.prom") - $(counter "$m" "$OUT/stockd-before.prom") ))"
 done
 echo "moves:$moves"
