@@ -181,15 +181,22 @@ fi
 for b in gateway stockd seckillctl; do [ -x "$BIN_DIR/$b" ] || die "$BIN_DIR/$b is missing"; done
 
 # ------------------------------------------------------------------ ports
+# Every port of the run comes from one pick, so no two are the same: nginx starts first, and a
+# gateway port picked apart from nginx's could be one nginx then took; the gateway's bind
+# fails, its port answers anyway (nginx's), and the check meets nginx's 403 (seen once in CI).
+read -r -a PICKED < <(free_ports $((2 + 4 * $(wc -w <<<"$ACKS"))))
 if [ "$SMOKE" = 1 ]; then
     read -r REDIS_PORT REPLICA_PORT < <(free_redis_ports 2)
-    read -r NGX_PORT NGX_DENY_PORT < <(free_ports 2)
+    NGX_PORT=${PICKED[0]}; NGX_DENY_PORT=${PICKED[1]}
 else
     REDIS_PORT=${REDIS_PORT:-6390}; REPLICA_PORT=${REPLICA_PORT:-6391}; NGX_PORT=${NGX_PORT:-8081}; NGX_DENY_PORT=${NGX_DENY_PORT:-8082}
 fi
 declare -A GW_PORT GW_ADMIN SD_PORT SD_ADMIN
+i=2
 for k in $ACKS; do
-    read -r GW_PORT[$k] GW_ADMIN[$k] SD_PORT[$k] SD_ADMIN[$k] < <(free_ports 4)
+    GW_PORT[$k]=${PICKED[$i]}; GW_ADMIN[$k]=${PICKED[$((i + 1))]}
+    SD_PORT[$k]=${PICKED[$((i + 2))]}; SD_ADMIN[$k]=${PICKED[$((i + 3))]}
+    i=$((i + 4))
 done
 
 # ------------------------------------------------------------------ redis: 1 master (all slots) + 1 replica
