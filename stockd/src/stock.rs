@@ -386,13 +386,7 @@ impl App {
         self.metrics
             .rebalance_round_seconds
             .observe(ran.elapsed().as_secs_f64());
-        let empty = match empty {
-            Ok(empty) => empty,
-            Err(e) => {
-                self.metrics.count_round("failed");
-                return Err(e);
-            }
-        };
+        let empty = empty.inspect_err(|_| self.metrics.count_round("failed"))?;
         let (outcome, label) = match empty {
             Empty::SoldOut => (Outcome::SoldOut, "sold_out"),
             Empty::Retry(again) => (Outcome::Retry, again.label()),

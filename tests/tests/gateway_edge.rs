@@ -915,11 +915,5 @@ async fn start_upgrade(
 
 /// SIGQUIT to `old`: it hands its listeners over to the process waiting on the socket.
 fn hand_over(old: &GatewayHandle) {
-    let pid = old.child.id().unwrap();
-    assert!(std::process::Command::new("kill")
-        .arg("-QUIT")
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success());
+    seckill_tests::process::signal(old.child.id().unwrap(), "QUIT");
 }
