@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::gateway::{spawn_gateway, EdgeDeps};
 use seckill_tests::orderd::spawn_orderd_process;
-use seckill_tests::process::signal;
 use seckill_tests::stockd::{create_live_activities, reserve, spawn_stockd_process};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -101,6 +100,21 @@ async fn idle_bench_smoke() {
     assert_eq!(tsv.lines().count(), 1 + 2 * 6, "{tsv}");
 }
 
+/// The two orderd of a run, in their own consumer groups: woken by `XADD` key-events
+/// (the default), or polling every `block_ms` (the anchor).
+fn orderd_config(c: &mut orderd::Config, woken: bool) {
+    c.consumer.group = if woken {
+        "orderd-woken"
+    } else {
+        "orderd-polling"
+    }
+    .into();
+    c.consumer.keyspace_events = woken;
+    c.consumer.block_ms = 50;
+    c.consumer.claim_idle_ms = 30_000;
+    c.consumer.discovery_interval_ms = 2000;
+}
+
 /// The steps; with `strict`, every probe must become an order within 60 s.
 async fn run(
     counts: &[usize],
@@ -120,21 +134,9 @@ async fn run(
         c.stock.schedule_poll_ms = 1000;
     })
     .await;
-    let orderd = spawn_orderd_process(&Deps::new(&cluster, &db), |c| {
-        c.consumer.group = "orderd-woken".into();
-        c.consumer.block_ms = 50;
-        c.consumer.claim_idle_ms = 30_000;
-        c.consumer.discovery_interval_ms = 2000;
-    })
-    .await;
-    let orderd_poll = spawn_orderd_process(&Deps::new(&cluster, &db), |c| {
-        c.consumer.group = "orderd-polling".into();
-        c.consumer.keyspace_events = false;
-        c.consumer.block_ms = 50;
-        c.consumer.claim_idle_ms = 30_000;
-        c.consumer.discovery_interval_ms = 2000;
-    })
-    .await;
+    let deps = Deps::new(&cluster, &db);
+    let mut orderd = spawn_orderd_process(&deps, |c| orderd_config(c, true)).await;
+    let mut orderd_poll = spawn_orderd_process(&deps, |c| orderd_config(c, false)).await;
     let gateway = spawn_gateway(
         &EdgeDeps {
             redis: &cluster,
@@ -144,7 +146,7 @@ async fn run(
         |_| {},
     )
     .await;
-    let pids = [
+    let mut pids = [
         ("stockd", stockd.child.id().expect("stockd pid")),
         ("orderd (woken)", orderd.child.id().expect("orderd pid")),
         (
@@ -180,12 +182,17 @@ async fn run(
             .map(|((_, p), b)| (cpu_ticks(*p).saturating_sub(*b)) as f64 / tck / wall * 100.0)
             .collect();
         // Latency after idle: one reservation each in `probes` idle activities, for
-        // each orderd while the other is stopped (SIGSTOP: both read the same
-        // streams, and the first to write an order deletes the entry for both).
+        // each orderd while the other is down (both read the same streams, and the
+        // first to write an order deletes the entry for both). Down by SIGTERM and
+        // started again afterwards, not frozen by SIGSTOP: a process frozen inside a
+        // MySQL transaction (the timeout sweep's `FOR UPDATE`) keeps its locks, and
+        // the other orderd's insert then waits out `innodb_lock_wait_timeout`.
         let mut lat_woken = Vec::new();
         let mut lat_poll = Vec::new();
-        for (lat, paused) in [(&mut lat_woken, pids[2].1), (&mut lat_poll, pids[1].1)] {
-            signal(paused, "STOP");
+        for woken in [true, false] {
+            let lat = if woken { &mut lat_woken } else { &mut lat_poll };
+            let other = if woken { &mut orderd_poll } else { &mut orderd };
+            other.child.terminate(Duration::from_secs(15));
             for k in 0..probes.min(activities.len()) {
                 let (a, s) = activities[(k * 7919 + probe_no as usize) % activities.len()];
                 probe_no += 1;
@@ -207,7 +214,8 @@ async fn run(
                 // Idle again before the next probe.
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            signal(paused, "CONT");
+            *other = spawn_orderd_process(&deps, |c| orderd_config(c, !woken)).await;
+            pids[if woken { 2 } else { 1 }].1 = other.child.id().expect("orderd pid");
         }
         let median = |v: &mut Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
