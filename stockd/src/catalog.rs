@@ -90,6 +90,18 @@ impl ActivityEntry {
         let mut movers = self.movers.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(movers.entry((item, home)).or_default())
     }
+    /// Per shard, the units `item`'s rounds to that shard keep at `now` and until when
+    /// ([`Mover::kept`]); one lock, and no mover made for a shard that never emptied.
+    pub fn kept(
+        &self,
+        item: u64,
+        now: std::time::Instant,
+    ) -> Vec<Option<(i64, std::time::Instant)>> {
+        let movers = self.movers.lock().unwrap_or_else(|p| p.into_inner());
+        (0..self.shards())
+            .map(|d| movers.get(&(item, d)).and_then(|m| m.kept(now)))
+            .collect()
+    }
     /// Shard `shard`'s reservation queue.
     pub fn queue(&self, shard: u32) -> Option<&ShardQueue> {
         self.shard(shard).map(ShardState::queue)

@@ -167,6 +167,13 @@ pub struct StockConfig {
     /// Default 8.
     #[serde(default = "default_rebalance_attempts")]
     pub rebalance_attempts: u32,
+    /// How long units a rebalancing round moved home stay kept for the buyers it
+    /// carried, in ms (0..=1000; 0: not kept): other homes' rounds do not take them
+    /// meanwhile, and a round that finds no other units waits for the keep to end
+    /// before it looks again. Default 50 (the carried buyers' reservation, one
+    /// group-commit call, takes a few ms even in a saturated burst).
+    #[serde(default = "default_rebalance_keep_ms")]
+    pub rebalance_keep_ms: u64,
     /// Period of the fence check, which finds lost Redis state (a fence gone, a shard
     /// behind this process's high-water mark) while nobody buys, in ms (50..=600000).
     /// Each period it reads the shards of activities waiting to open, and at most
@@ -252,6 +259,9 @@ fn default_rebalance_batch() -> u32 {
 fn default_rebalance_attempts() -> u32 {
     8
 }
+fn default_rebalance_keep_ms() -> u64 {
+    50
+}
 fn default_fence_check_ms() -> u64 {
     1000
 }
@@ -273,6 +283,7 @@ impl Default for StockConfig {
         Self {
             rebalance_batch: default_rebalance_batch(),
             rebalance_attempts: default_rebalance_attempts(),
+            rebalance_keep_ms: default_rebalance_keep_ms(),
             fence_check_ms: default_fence_check_ms(),
             fence_check_shards: default_fence_check_shards(),
             reserve_batch_max: default_reserve_batch_max(),
@@ -394,6 +405,7 @@ impl Validate for Config {
         let s = &self.stock;
         ensure_range(s.rebalance_batch, 1..=1000, "stock.rebalance_batch")?;
         ensure_range(s.rebalance_attempts, 1..=1024, "stock.rebalance_attempts")?;
+        ensure_range(s.rebalance_keep_ms, 0..=1000, "stock.rebalance_keep_ms")?;
         ensure_range(s.fence_check_ms, 50..=600_000, "stock.fence_check_ms")?;
         ensure_range(
             s.fence_check_shards,
@@ -447,6 +459,7 @@ url = "mysql://root@127.0.0.1:3306/seckill"
     fn a_minimal_file_loads_with_defaults() {
         let c = load(GOOD, &[]).unwrap();
         assert_eq!(c.stock.rebalance_batch, 4);
+        assert_eq!(c.stock.rebalance_keep_ms, 50);
         assert_eq!(c.stock.reserve_batch_max, 64);
         assert_eq!(c.redis.timeout_ms, 500);
         assert_eq!(c.stock.move_repair_gap_ms, 5000);
@@ -495,6 +508,10 @@ url = "mysql://root@127.0.0.1:3306/seckill"
             (
                 ("STOCKD__STOCK__REBALANCE_BATCH", "0"),
                 "stock.rebalance_batch",
+            ),
+            (
+                ("STOCKD__STOCK__REBALANCE_KEEP_MS", "1001"),
+                "stock.rebalance_keep_ms",
             ),
             (
                 ("STOCKD__STOCK__FENCE_CHECK_MS", "1"),

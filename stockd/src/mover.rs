@@ -21,11 +21,17 @@
 //! one move per round instead of one per buyer, and a buyer who arrives while a round
 //! runs waits for that round alone when it can, not for it and the next.
 //!
+//! The units a round moved home stay **kept** for the callers it claimed for a moment
+//! (`stock.rebalance_keep_ms`, [`Round::keep`]): the rounds of other homes read them as
+//! not on offer ([`Mover::kept`]), so they are not taken away before those callers
+//! reserve them.
+//!
 //! A caller that goes away while waiting leaves its demand behind: the next round may
 //! bring a few more units home than are asked for. They stay on sale there (the
 //! sold-out scan sums every shard), so this only shifts where the last units sit.
 
 use std::sync::Mutex;
+use std::time::Instant;
 
 use tokio::sync::{Mutex as TurnLock, MutexGuard};
 
@@ -54,6 +60,9 @@ struct State {
     finished: u64,
     /// The outcome of the last finished round that claimed.
     last: Option<Outcome>,
+    /// Units the last round that moved units home brought for the callers it claimed,
+    /// and until when they are kept from other homes' rounds ([`Round::keep`]).
+    kept: Option<(i64, Instant)>,
 }
 
 /// One item's moves to one home shard.
@@ -85,6 +94,16 @@ pub struct Round<'a> {
 impl Mover {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The units this home keeps at `now` for the callers its last round carried, and
+    /// until when (`None` once the keep ended): the rounds of other homes do not count
+    /// them as a donor's.
+    pub fn kept(&self, now: Instant) -> Option<(i64, Instant)> {
+        match self.state().kept {
+            Some((units, until)) if now < until => Some((units, until)),
+            _ => None,
+        }
     }
 
     /// Waits for this caller's turn, having added `missing` units to the demand.
@@ -130,6 +149,12 @@ impl Round<'_> {
         std::mem::take(&mut st.demand)
     }
 
+    /// The round moved `units` home for the callers it claimed: they are kept from
+    /// other homes' rounds until `until`, the time those callers need to reserve them.
+    pub fn keep(&mut self, units: i64, until: Instant) {
+        self.mover.state().kept = Some((units, until));
+    }
+
     /// Records what the round found, for the callers it carried.
     pub fn finish(mut self, outcome: Outcome) {
         self.outcome = Some(outcome);
@@ -154,6 +179,7 @@ impl Drop for Round<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
@@ -163,6 +189,27 @@ mod tests {
             Turn::Run(round) => round,
             Turn::Done(o) => panic!("carried ({o:?}) instead of running a round"),
         }
+    }
+
+    #[test]
+    fn units_a_round_moved_home_are_kept_until_the_keep_ends() {
+        let m = Mover::default();
+        let t0 = Instant::now();
+        assert_eq!(m.kept(t0), None);
+        let until = t0 + Duration::from_millis(50);
+        let mut round = run(m.turn(2).now_or_never().expect("free turn"));
+        assert_eq!(round.claim(), 2);
+        round.keep(2, until);
+        round.finish(Outcome::Retry);
+        assert_eq!(m.kept(t0), Some((2, until)));
+        assert_eq!(m.kept(until - Duration::from_millis(1)), Some((2, until)));
+        assert_eq!(m.kept(until), None);
+        // The next round's keep replaces it.
+        let mut round = run(m.turn(1).now_or_never().expect("free turn"));
+        round.claim();
+        round.keep(1, until + Duration::from_millis(10));
+        drop(round);
+        assert_eq!(m.kept(until), Some((1, until + Duration::from_millis(10))));
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,8 +5,10 @@
 //! the k units asked for), stockd scans the other shards from a rotating offset,
 //! `TAKE`s up to `max(stock.rebalance_batch, units missing)` from each donor that has
 //! some until the home shard has gained what it missed, `GIVE`s them to the home shard
-//! and reserves again, at most `stock.rebalance_attempts` times. When the shards hold
-//! fewer than k units together, the answer is NOT_ENOUGH with that count (SOLD_OUT
+//! and reserves again, at most `stock.rebalance_attempts` times. Units a round brought
+//! home are kept for the buyers it carried for `stock.rebalance_keep_ms`: other homes'
+//! rounds leave them out of what they ask a donor for. When the shards hold fewer than
+//! k units together, the answer is NOT_ENOUGH with that count (SOLD_OUT
 //! when they hold none). A take is a decrement on the donor; a give is an
 //! increment on the home shard; a crash between them loses units (undersell,
 //! repaired by recompute) and never creates one. When a full scan finds every shard
@@ -20,7 +22,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::Either;
 use tokio::sync::oneshot;
@@ -486,11 +488,34 @@ impl App {
             )));
         };
         let home_epoch: Arc<str> = home_epoch.into();
-        let donors = donor_order(&held, home, start);
+        // Units another home's round just brought there for its own callers are not on
+        // offer: taken before those callers reserve them, they went round the homes while
+        // every home's buyers chased them.
+        let mut offered = held.clone();
+        // The earliest end of the keeps that withheld units from this round.
+        let mut kept_until: Option<Instant> = None;
+        if self.config.stock.rebalance_keep_ms > 0 {
+            let kept = entry.kept(item, Instant::now());
+            for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
+                if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
+                    *n -= units;
+                    kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
+                }
+            }
+        }
+        let donors = donor_order(&offered, home, start);
         // The demand is claimed now, after the read: the callers that came during it ride
         // with this round instead of waiting for the next.
         let missing = round.claim();
         if donors.is_empty() {
+            if let Some(until) = kept_until {
+                // Only kept units: by the keep's end their buyers have reserved them, or
+                // they are on offer. Waiting for it spares the buyers here a spin through
+                // their attempts meanwhile. The caller looks next, a look that begins
+                // after every caller who came during the wait: they ride with it too.
+                tokio::time::sleep_until(until.into()).await;
+                round.claim();
+            }
             return Ok(Moved::Nothing);
         }
         let mut moved = 0i64;
@@ -502,6 +527,14 @@ impl App {
             let want = u32::try_from(missing - moved)
                 .unwrap_or(u32::MAX)
                 .max(self.config.stock.rebalance_batch);
+            // A take asks beyond what the read saw (units may have come since); of a donor
+            // that keeps units, what it asked beyond would be the kept ones.
+            let (has, offers) = (held[donor as usize], offered[donor as usize]);
+            let want = if offers < has {
+                want.min(u32::try_from(offers).unwrap_or(u32::MAX))
+            } else {
+                want
+            };
             // The move runs in a task of its own: when the caller goes away (a client
             // deadline drops this future) between the take and the give, the give still
             // happens instead of the taken units vanishing.
@@ -526,7 +559,11 @@ impl App {
                 Step::Moved(n, settle) => {
                     moved += n;
                     if moved >= missing {
-                        round.claim_within(moved - missing);
+                        let carried = missing + round.claim_within(moved - missing);
+                        let keep = self.config.stock.rebalance_keep_ms;
+                        if keep > 0 {
+                            round.keep(carried, Instant::now() + Duration::from_millis(keep));
+                        }
                         // The records settle in the background: the units are home,
                         // and the callers reserve them meanwhile.
                         return Ok(Moved::Units);
@@ -872,7 +909,7 @@ impl App {
                 // a few times; after that the next buyer whose home is empty runs a
                 // round, which marks it once they have landed.
                 for wait_ms in [0, 20, 100, 500] {
-                    tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+                    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
                     let look = app.look(a, item, shards, "check").await?;
                     if look.left > 0 || app.mark_after_look(a, item, look).await? {
                         break;
