@@ -100,10 +100,7 @@ impl Mover {
     /// until when (`None` once the keep ended): the rounds of other homes do not count
     /// them as a donor's.
     pub fn kept(&self, now: Instant) -> Option<(i64, Instant)> {
-        match self.state().kept {
-            Some((units, until)) if now < until => Some((units, until)),
-            _ => None,
-        }
+        self.state().kept.filter(|&(_, until)| now < until)
     }
 
     /// Waits for this caller's turn, having added `missing` units to the demand.
