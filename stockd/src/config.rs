@@ -167,10 +167,11 @@ pub struct StockConfig {
     /// Default 8.
     #[serde(default = "default_rebalance_attempts")]
     pub rebalance_attempts: u32,
-    /// How long units a rebalancing round moved home stay kept for the buyers it
-    /// carried, in ms (0..=1000; 0: not kept): other homes' rounds do not take them
-    /// meanwhile, and a round that finds no other units waits for the keep to end
-    /// before it looks again. Default 50 (the carried buyers' reservation, one
+    /// How long at most units a rebalancing round moved home stay kept for the buyers
+    /// it carried, in ms (0..=1000; 0: not kept; the keep ends sooner once they have all
+    /// reserved): other homes' rounds do not take them meanwhile, and a round that finds
+    /// no other units waits for them to be bought, or for the keep to end, before it
+    /// looks again. Default 50 (the carried buyers' reservation, one
     /// group-commit call, takes a few ms even in a saturated burst).
     #[serde(default = "default_rebalance_keep_ms")]
     pub rebalance_keep_ms: u64,

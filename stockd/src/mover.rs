@@ -24,7 +24,9 @@
 //! The units a round moved home stay **kept** for the callers it claimed for a moment
 //! (`stock.rebalance_keep_ms`, [`Round::keep`]): the rounds of other homes read them as
 //! not on offer ([`Mover::kept`]), so they are not taken away before those callers
-//! reserve them.
+//! reserve them. The keep counts down as they do ([`Mover::reserved`]); a round of
+//! another home that found nothing but kept units waits for them to be bought
+//! ([`Mover::released`]) or for the keep's end, whichever comes first.
 //!
 //! A caller that goes away while waiting leaves its demand behind: the next round may
 //! bring a few more units home than are asked for. They stay on sale there (the
@@ -33,7 +35,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use tokio::sync::{Mutex as TurnLock, MutexGuard};
+use tokio::sync::{Mutex as TurnLock, MutexGuard, Notify};
 
 /// What a finished round found, as the callers it carried read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +63,8 @@ struct State {
     /// The outcome of the last finished round that claimed.
     last: Option<Outcome>,
     /// Units the last round that moved units home brought for the callers it claimed,
-    /// and until when they are kept from other homes' rounds ([`Round::keep`]).
+    /// less those reserved since, and until when they are kept from other homes' rounds
+    /// ([`Round::keep`], [`Mover::reserved`]).
     kept: Option<(i64, Instant)>,
 }
 
@@ -70,6 +73,8 @@ struct State {
 pub struct Mover {
     turn: TurnLock<()>,
     state: Mutex<State>,
+    /// Told when the last kept unit is reserved ([`Mover::released`]).
+    released: Notify,
 }
 
 /// A caller's turn.
@@ -96,11 +101,42 @@ impl Mover {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The units this home keeps at `now` for the callers its last round carried, and
-    /// until when (`None` once the keep ended): the rounds of other homes do not count
-    /// them as a donor's.
+    /// The units this home keeps at `now` for the callers its last round carried that
+    /// have not reserved yet, and until when (`None` once the keep ended, or all of them
+    /// reserved): the rounds of other homes do not count them as a donor's.
     pub fn kept(&self, now: Instant) -> Option<(i64, Instant)> {
         self.state().kept.filter(|&(_, until)| now < until)
+    }
+
+    /// A caller carried here by a round reserved `units` on this home: that many fewer
+    /// are kept. The last one ends the keep, and the rounds waiting on it
+    /// ([`Self::released`]) look at once instead of at the keep's end.
+    pub fn reserved(&self, units: i64) {
+        let mut st = self.state();
+        let Some((kept, _)) = st.kept.as_mut() else {
+            return;
+        };
+        *kept -= units;
+        if *kept <= 0 {
+            st.kept = None;
+            drop(st);
+            self.released.notify_waiters();
+        }
+    }
+
+    /// Returns once no unit is kept here (every one reserved: [`Self::reserved`]). The
+    /// keep's end is the caller's to wait for: an ended keep is not released here.
+    pub async fn released(&self) {
+        loop {
+            let notified = self.released.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check: a release between the two is not missed.
+            notified.as_mut().enable();
+            if self.state().kept.is_none() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Waits for this caller's turn, having added `missing` units to the demand.
@@ -148,6 +184,10 @@ impl Round<'_> {
 
     /// The round moved `units` home for the callers it claimed: they are kept from
     /// other homes' rounds until `until`, the time those callers need to reserve them.
+    /// The keep replaces an earlier round's: a home runs a round again once its units
+    /// are gone, so what an earlier keep still counts is most often units taken by
+    /// others (a buyer who needed no round, or went away), and adding it would keep
+    /// units that are not there for as long as rounds follow each other.
     pub fn keep(&mut self, units: i64, until: Instant) {
         self.mover.state().kept = Some((units, until));
     }
@@ -201,12 +241,46 @@ mod tests {
         assert_eq!(m.kept(t0), Some((2, until)));
         assert_eq!(m.kept(until - Duration::from_millis(1)), Some((2, until)));
         assert_eq!(m.kept(until), None);
-        // The next round's keep replaces it.
+        // The next round's keep replaces it, ended or not.
+        let later = until + Duration::from_millis(10);
         let mut round = run(m.turn(1).now_or_never().expect("free turn"));
         round.claim();
-        round.keep(1, until + Duration::from_millis(10));
+        round.keep(1, later);
         drop(round);
-        assert_eq!(m.kept(until), Some((1, until + Duration::from_millis(10))));
+        assert_eq!(m.kept(until), Some((1, later)));
+        let mut round = run(m.turn(3).now_or_never().expect("free turn"));
+        round.claim();
+        round.keep(3, later);
+        drop(round);
+        assert_eq!(m.kept(t0), Some((3, later)));
+    }
+
+    #[test]
+    fn the_keep_counts_down_as_the_carried_callers_reserve_and_the_last_releases_it() {
+        let m = Mover::default();
+        let t0 = Instant::now();
+        let until = t0 + Duration::from_secs(60);
+        // Nothing kept: a reservation changes nothing, and nothing is waited for.
+        m.reserved(1);
+        assert_eq!(m.kept(t0), None);
+        assert!(m.released().now_or_never().is_some());
+        let mut round = run(m.turn(3).now_or_never().expect("free turn"));
+        round.claim();
+        round.keep(3, until);
+        round.finish(Outcome::Retry);
+        let mut waiting = Box::pin(m.released());
+        assert!(waiting.as_mut().now_or_never().is_none(), "3 units kept");
+        m.reserved(2);
+        assert_eq!(m.kept(t0), Some((1, until)));
+        assert!(waiting.as_mut().now_or_never().is_none(), "1 unit kept");
+        // A multi-unit buyer may take more than is left kept: the keep ends all the same.
+        m.reserved(2);
+        assert_eq!(m.kept(t0), None);
+        assert!(
+            waiting.now_or_never().is_some(),
+            "released once all are reserved"
+        );
+        assert!(m.released().now_or_never().is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,8 +6,9 @@
 //! `TAKE`s up to `max(stock.rebalance_batch, units missing)` from each donor that has
 //! some until the home shard has gained what it missed, `GIVE`s them to the home shard
 //! and reserves again, at most `stock.rebalance_attempts` times. Units a round brought
-//! home are kept for the buyers it carried for `stock.rebalance_keep_ms`: other homes'
-//! rounds leave them out of what they ask a donor for. When the shards hold fewer than
+//! home are kept for the buyers it carried, until they have reserved them or for
+//! `stock.rebalance_keep_ms` at most: other homes' rounds leave them out of what they
+//! ask a donor for. When the shards hold fewer than
 //! k units together, the answer is NOT_ENOUGH with that count (SOLD_OUT
 //! when they hold none). A take is a decrement on the donor; a give is an
 //! increment on the home shard; a crash between them loses units (undersell,
@@ -208,6 +209,11 @@ impl App {
                             .rebalance_waits_per_reserved
                             .observe(f64::from(empties));
                     }
+                    if moved && self.config.stock.rebalance_keep_ms > 0 {
+                        // Units a round brought here may have been kept for this buyer:
+                        // one fewer to keep from the other homes' rounds.
+                        entry.mover(item, home).reserved(i64::from(units));
+                    }
                     if left == 0 {
                         self.spawn_sold_out_check(&entry, item);
                     } else if moved {
@@ -273,6 +279,13 @@ impl App {
                         Empty::Retry(again) => {
                             moved |= again != Again::Failed;
                             failed = again == Again::Failed;
+                            // The test suite holds a carried buyer here, between its
+                            // round and its reservation (`stockd_keep`).
+                            fail::fail_point!(
+                                "stockd::reserve::carried",
+                                again == Again::Home,
+                                |_| Err(Error::Unavailable("fail point".into()))
+                            );
                             continue;
                         }
                         Empty::SoldOut => return Ok((Reserve::SoldOut, window)),
@@ -492,14 +505,17 @@ impl App {
         // offer: taken before those callers reserve them, they went round the homes while
         // every home's buyers chased them.
         let mut offered = held.clone();
-        // The earliest end of the keeps that withheld units from this round.
+        // The earliest end of the keeps that withheld units from this round, and the
+        // shards that keep them.
         let mut kept_until: Option<Instant> = None;
+        let mut keepers = Vec::new();
         if self.config.stock.rebalance_keep_ms > 0 {
             let kept = entry.kept(item, Instant::now());
             for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
                 if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
                     *n -= units;
                     kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
+                    keepers.push(d as u32);
                 }
             }
         }
@@ -509,11 +525,17 @@ impl App {
         let missing = round.claim();
         if donors.is_empty() {
             if let Some(until) = kept_until {
-                // Only kept units: by the keep's end their buyers have reserved them, or
-                // they are on offer. Waiting for it spares the buyers here a spin through
-                // their attempts meanwhile. The caller looks next, a look that begins
-                // after every caller who came during the wait: they ride with it too.
-                tokio::time::sleep_until(until.into()).await;
+                // Only kept units: once their buyers have reserved every one (most often
+                // within a group-commit call), or by the keep's end, they are gone or on
+                // offer. Waiting for that spares the buyers here a spin through their
+                // attempts meanwhile. The caller looks next, a look that begins after
+                // every caller who came during the wait: they ride with it too.
+                let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
+                let released = futures::future::join_all(movers.iter().map(|m| m.released()));
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                    _ = released => {}
+                }
                 round.claim();
             }
             return Ok(Moved::Nothing);
