@@ -62,11 +62,28 @@ struct State {
     finished: u64,
     /// The outcome of the last finished round that claimed.
     last: Option<Outcome>,
-    /// Units the last round that moved units home brought for the callers it claimed,
-    /// less those reserved since, and until when they are kept from other homes' rounds
+    /// What the last round that moved units home keeps for the callers it claimed
     /// ([`Round::keep`], [`Mover::reserved`]).
-    kept: Option<(i64, Instant)>,
+    kept: Option<Kept>,
 }
+
+/// Units kept for the callers one round carried.
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    /// Units moved for those callers, less those they reserved since.
+    units: i64,
+    /// Until when they are kept from other homes' rounds.
+    until: Instant,
+    /// The round's claims (first and last): a caller's [`Ticket`] in this range was
+    /// carried by it.
+    claims: (u64, u64),
+}
+
+/// Which claim carries a caller: the first made after it joined (the count then, plus
+/// one). Given with its [`Turn`]; shown to [`Mover::reserved`] so that only the callers
+/// a keep was made for count it down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
 
 /// One item's moves to one home shard.
 #[derive(Debug, Default)]
@@ -92,7 +109,8 @@ pub enum Turn<'a> {
 pub struct Round<'a> {
     mover: &'a Mover,
     _turn: MutexGuard<'a, ()>,
-    claimed: bool,
+    /// The round's first claim, once made.
+    claimed: Option<u64>,
     outcome: Option<Outcome>,
 }
 
@@ -105,19 +123,28 @@ impl Mover {
     /// have not reserved yet, and until when (`None` once the keep ended, or all of them
     /// reserved): the rounds of other homes do not count them as a donor's.
     pub fn kept(&self, now: Instant) -> Option<(i64, Instant)> {
-        self.state().kept.filter(|&(_, until)| now < until)
+        self.state()
+            .kept
+            .filter(|k| now < k.until)
+            .map(|k| (k.units, k.until))
     }
 
-    /// A caller carried here by a round reserved `units` on this home: that many fewer
-    /// are kept. The last one ends the keep, and the rounds waiting on it
-    /// ([`Self::released`]) look at once instead of at the keep's end.
-    pub fn reserved(&self, units: i64) {
+    /// The caller holding `ticket` reserved `units` on this home: when the round that
+    /// keeps units here carried it, that many fewer are kept. The last one ends the
+    /// keep, and the rounds waiting on it ([`Self::released`]) look at once instead of
+    /// at the keep's end. (A buyer another round carried, or one that needed no round,
+    /// does not count it down: the units were kept for others.)
+    pub fn reserved(&self, ticket: Ticket, units: i64) {
         let mut st = self.state();
-        let Some((kept, _)) = st.kept.as_mut() else {
+        let Some(kept) = st.kept.as_mut() else {
             return;
         };
-        *kept -= units;
-        if *kept <= 0 {
+        let (first, last) = kept.claims;
+        if !(first..=last).contains(&ticket.0) {
+            return;
+        }
+        kept.units -= units;
+        if kept.units <= 0 {
             st.kept = None;
             drop(st);
             self.released.notify_waiters();
@@ -141,22 +168,31 @@ impl Mover {
 
     /// Waits for this caller's turn, having added `missing` units to the demand.
     pub async fn turn(&self, missing: i64) -> Turn<'_> {
+        self.ticketed_turn(missing).await.1
+    }
+
+    /// [`Self::turn`], with the caller's [`Ticket`] (for [`Self::reserved`]).
+    pub async fn ticketed_turn(&self, missing: i64) -> (Ticket, Turn<'_>) {
         let joined = {
             let mut st = self.state();
             st.demand += missing.max(1);
             st.claims
         };
+        let ticket = Ticket(joined + 1);
         let guard = self.turn.lock().await;
         let st = self.state();
         if st.finished > joined {
-            return Turn::Done(st.last.unwrap_or(Outcome::Failed));
+            return (ticket, Turn::Done(st.last.unwrap_or(Outcome::Failed)));
         }
-        Turn::Run(Round {
+        // No claim since this caller joined (one would have carried it, and finished
+        // before this turn): its round's first claim is its ticket.
+        let round = Round {
             mover: self,
             _turn: guard,
-            claimed: false,
+            claimed: None,
             outcome: None,
-        })
+        };
+        (ticket, Turn::Run(round))
     }
 }
 
@@ -166,7 +202,7 @@ impl Round<'_> {
     pub fn claim(&mut self) -> i64 {
         let mut st = self.mover.state();
         st.claims += 1;
-        self.claimed = true;
+        self.claimed.get_or_insert(st.claims);
         std::mem::take(&mut st.demand).max(1)
     }
 
@@ -175,7 +211,7 @@ impl Round<'_> {
     /// The units claimed (0 when none).
     pub fn claim_within(&mut self, spare: i64) -> i64 {
         let mut st = self.mover.state();
-        if !self.claimed || st.demand == 0 || st.demand > spare {
+        if self.claimed.is_none() || st.demand == 0 || st.demand > spare {
             return 0;
         }
         st.claims += 1;
@@ -189,7 +225,13 @@ impl Round<'_> {
     /// others (a buyer who needed no round, or went away), and adding it would keep
     /// units that are not there for as long as rounds follow each other.
     pub fn keep(&mut self, units: i64, until: Instant) {
-        self.mover.state().kept = Some((units, until));
+        let mut st = self.mover.state();
+        let first = self.claimed.unwrap_or(st.claims);
+        st.kept = Some(Kept {
+            units,
+            until,
+            claims: (first, st.claims),
+        });
     }
 
     /// Records what the round found, for the callers it carried.
@@ -201,7 +243,7 @@ impl Round<'_> {
 impl Drop for Round<'_> {
     fn drop(&mut self) {
         let mut st = self.mover.state();
-        if !self.claimed {
+        if self.claimed.is_none() {
             // Gone before its claim (an error in its read of the shards, or its caller
             // went away): the callers waiting take that failure at once rather than each
             // meeting it in a round of its own, one after another.
@@ -261,26 +303,79 @@ mod tests {
         let t0 = Instant::now();
         let until = t0 + Duration::from_secs(60);
         // Nothing kept: a reservation changes nothing, and nothing is waited for.
-        m.reserved(1);
+        m.reserved(Ticket(1), 1);
         assert_eq!(m.kept(t0), None);
         assert!(m.released().now_or_never().is_some());
-        let mut round = run(m.turn(3).now_or_never().expect("free turn"));
+        let (ticket, turn) = m.ticketed_turn(3).now_or_never().expect("free turn");
+        let mut round = run(turn);
         round.claim();
         round.keep(3, until);
         round.finish(Outcome::Retry);
         let mut waiting = Box::pin(m.released());
         assert!(waiting.as_mut().now_or_never().is_none(), "3 units kept");
-        m.reserved(2);
+        // A buyer the round did not carry (a later claim's) takes nothing from the keep.
+        m.reserved(Ticket(ticket.0 + 1), 1);
+        assert_eq!(m.kept(t0), Some((3, until)));
+        m.reserved(ticket, 2);
         assert_eq!(m.kept(t0), Some((1, until)));
         assert!(waiting.as_mut().now_or_never().is_none(), "1 unit kept");
         // A multi-unit buyer may take more than is left kept: the keep ends all the same.
-        m.reserved(2);
+        m.reserved(ticket, 2);
         assert_eq!(m.kept(t0), None);
         assert!(
             waiting.now_or_never().is_some(),
             "released once all are reserved"
         );
         assert!(m.released().now_or_never().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_keep_is_counted_down_by_the_callers_its_claims_carried_only() {
+        let m = Arc::new(Mover::default());
+        let until = Instant::now() + Duration::from_secs(60);
+        let (runner, turn) = m.ticketed_turn(1).await;
+        let mut round = run(turn);
+        // One caller comes before the claim, one after it (carried by the claim within
+        // the spare units), one after both claims (the next round's).
+        let ticketed = |after: u64| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                let (ticket, turn) = m.ticketed_turn(1).await;
+                match turn {
+                    Turn::Done(o) => (ticket, Some(o)),
+                    Turn::Run(round) => {
+                        drop(round);
+                        (ticket, None)
+                    }
+                }
+            })
+        };
+        let early = ticketed(5);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(round.claim(), 2);
+        let within = ticketed(5);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(round.claim_within(1), 1);
+        let late = ticketed(5);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        round.keep(3, until);
+        round.finish(Outcome::Retry);
+        let (early, within) = (early.await.unwrap(), within.await.unwrap());
+        assert_eq!(early.1, Some(Outcome::Retry));
+        assert_eq!(within.1, Some(Outcome::Retry));
+        let (late, ran) = late.await.unwrap();
+        assert_eq!(ran, None, "the late caller ran a round of its own");
+        m.reserved(late, 1);
+        assert_eq!(
+            m.kept(Instant::now()),
+            Some((3, until)),
+            "not this keep's caller"
+        );
+        for t in [runner, early.0, within.0] {
+            m.reserved(t, 1);
+        }
+        assert_eq!(m.kept(Instant::now()), None);
     }
 
     #[tokio::test(start_paused = true)]

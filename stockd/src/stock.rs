@@ -41,7 +41,7 @@ use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
-use crate::mover::{Outcome, Round, Turn};
+use crate::mover::{Outcome, Round, Ticket, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
@@ -198,6 +198,8 @@ impl App {
         let mut failed = false;
         // Times the home shard answered SOLD_OUT or SHORT (each a round waited for or run).
         let mut empties = 0u32;
+        // The last rebalancing round this call waited on or ran (`crate::mover::Ticket`).
+        let mut ticket = None;
         for attempt in 0..=attempts {
             match self
                 .reserve_script(&entry, item, home, user, request, quantity, attempt > 0)
@@ -209,10 +211,10 @@ impl App {
                             .rebalance_waits_per_reserved
                             .observe(f64::from(empties));
                     }
-                    if moved && self.config.stock.rebalance_keep_ms > 0 {
-                        // Units a round brought here may have been kept for this buyer:
-                        // one fewer to keep from the other homes' rounds.
-                        entry.mover(item, home).reserved(i64::from(units));
+                    if let Some(t) = ticket.filter(|_| self.config.stock.rebalance_keep_ms > 0) {
+                        // The round that carried this buyer may keep units here for it:
+                        // that many fewer to keep from the other homes' rounds.
+                        entry.mover(item, home).reserved(t, i64::from(units));
                     }
                     if left == 0 {
                         self.spawn_sold_out_check(&entry, item);
@@ -275,7 +277,8 @@ impl App {
                     empties += 1;
                     // The cold path is boxed: it keeps this future small, and the gRPC
                     // layer moves every Reserve future (its largest state) into a box.
-                    match Box::pin(self.home_empty(&entry, item, home, quantity, 0)).await? {
+                    let empty = self.home_empty(&entry, item, home, (quantity, 0), &mut ticket);
+                    match Box::pin(empty).await? {
                         Empty::Retry(again) => {
                             moved |= again != Again::Failed;
                             failed = again == Again::Failed;
@@ -296,7 +299,8 @@ impl App {
                 }
                 Script::Short(have) => {
                     empties += 1;
-                    match Box::pin(self.home_empty(&entry, item, home, quantity, have)).await? {
+                    let empty = self.home_empty(&entry, item, home, (quantity, have), &mut ticket);
+                    match Box::pin(empty).await? {
                         Empty::Retry(again) => {
                             moved |= again != Again::Failed;
                             failed = again == Again::Failed;
@@ -348,8 +352,8 @@ impl App {
         entry: &Arc<ActivityEntry>,
         item: u64,
         home: u32,
-        units: u32,
-        have: i64,
+        (units, have): (u32, i64),
+        ticket: &mut Option<Ticket>,
     ) -> Result<Empty> {
         let (activity, shards) = (entry.id(), entry.shards());
         if shards == 1 {
@@ -377,7 +381,7 @@ impl App {
             redis.exists(keys::sold_out(activity, item)).await
         });
         let asked = Instant::now();
-        let turn = std::pin::pin!(mover.turn(missing));
+        let turn = std::pin::pin!(mover.ticketed_turn(missing));
         // `None`: the sold-out flag answered first.
         let turn = match futures::future::select(turn, flag).await {
             Either::Left((turn, _)) => Some(turn),
@@ -385,6 +389,11 @@ impl App {
             Either::Right((Ok(false), turn)) => Some(turn.await),
             Either::Right((Err(e), _)) => return Err(e),
         };
+        // Which round carries this caller: its reservation counts that round's keep down.
+        let turn = turn.map(|(t, turn)| {
+            *ticket = Some(t);
+            turn
+        });
         self.metrics
             .rebalance_wait_seconds
             .observe(asked.elapsed().as_secs_f64());
