@@ -166,13 +166,9 @@ impl Mover {
         }
     }
 
-    /// Waits for this caller's turn, having added `missing` units to the demand.
-    pub async fn turn(&self, missing: i64) -> Turn<'_> {
-        self.ticketed_turn(missing).await.1
-    }
-
-    /// [`Self::turn`], with the caller's [`Ticket`] (for [`Self::reserved`]).
-    pub async fn ticketed_turn(&self, missing: i64) -> (Ticket, Turn<'_>) {
+    /// Waits for this caller's turn, having added `missing` units to the demand; with
+    /// the caller's [`Ticket`] (for [`Self::reserved`]).
+    pub async fn turn(&self, missing: i64) -> (Ticket, Turn<'_>) {
         let joined = {
             let mut st = self.state();
             st.demand += missing.max(1);
@@ -276,7 +272,7 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(m.kept(t0), None);
         let until = t0 + Duration::from_millis(50);
-        let mut round = run(m.turn(2).now_or_never().expect("free turn"));
+        let mut round = run(m.turn(2).now_or_never().expect("free turn").1);
         assert_eq!(round.claim(), 2);
         round.keep(2, until);
         round.finish(Outcome::Retry);
@@ -285,12 +281,12 @@ mod tests {
         assert_eq!(m.kept(until), None);
         // The next round's keep replaces it, ended or not.
         let later = until + Duration::from_millis(10);
-        let mut round = run(m.turn(1).now_or_never().expect("free turn"));
+        let mut round = run(m.turn(1).now_or_never().expect("free turn").1);
         round.claim();
         round.keep(1, later);
         drop(round);
         assert_eq!(m.kept(until), Some((1, later)));
-        let mut round = run(m.turn(3).now_or_never().expect("free turn"));
+        let mut round = run(m.turn(3).now_or_never().expect("free turn").1);
         round.claim();
         round.keep(3, later);
         drop(round);
@@ -306,7 +302,7 @@ mod tests {
         m.reserved(Ticket(1), 1);
         assert_eq!(m.kept(t0), None);
         assert!(m.released().now_or_never().is_some());
-        let (ticket, turn) = m.ticketed_turn(3).now_or_never().expect("free turn");
+        let (ticket, turn) = m.turn(3).now_or_never().expect("free turn");
         let mut round = run(turn);
         round.claim();
         round.keep(3, until);
@@ -333,7 +329,7 @@ mod tests {
     async fn a_keep_is_counted_down_by_the_callers_its_claims_carried_only() {
         let m = Arc::new(Mover::default());
         let until = Instant::now() + Duration::from_secs(60);
-        let (runner, turn) = m.ticketed_turn(1).await;
+        let (runner, turn) = m.turn(1).await;
         let mut round = run(turn);
         // One caller comes before the claim, one after it (carried by the claim within
         // the spare units), one after both claims (the next round's).
@@ -341,7 +337,7 @@ mod tests {
             let m = m.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(after)).await;
-                let (ticket, turn) = m.ticketed_turn(1).await;
+                let (ticket, turn) = m.turn(1).await;
                 match turn {
                     Turn::Done(o) => (ticket, Some(o)),
                     Turn::Run(round) => {
@@ -381,11 +377,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lone_caller_runs_a_round_for_its_own_demand() {
         let m = Mover::default();
-        let mut round = run(m.turn(3).await);
+        let mut round = run(m.turn(3).await.1);
         assert_eq!(round.claim(), 3);
         round.finish(Outcome::Retry);
         // The next caller is not carried by a round that finished before it came.
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         assert_eq!(round.claim(), 1);
     }
 
@@ -395,13 +391,13 @@ mod tests {
         let rounds = Arc::new(AtomicU32::new(0));
         let moved = Arc::new(AtomicU32::new(0));
         // The first caller claims and holds its round while twenty more arrive.
-        let mut first = run(m.turn(1).await);
+        let mut first = run(m.turn(1).await.1);
         assert_eq!(first.claim(), 1);
         let mut callers = Vec::new();
         for _ in 0..20 {
             let (m, rounds, moved) = (m.clone(), rounds.clone(), moved.clone());
             callers.push(tokio::spawn(async move {
-                match m.turn(1).await {
+                match m.turn(1).await.1 {
                     Turn::Run(mut round) => {
                         rounds.fetch_add(1, Ordering::SeqCst);
                         moved.fetch_add(round.claim() as u32, Ordering::SeqCst);
@@ -429,7 +425,7 @@ mod tests {
         let m = m.clone();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            match m.turn(1).await {
+            match m.turn(1).await.1 {
                 Turn::Done(o) => o,
                 Turn::Run(_) => panic!("a round that claimed its demand carries this caller"),
             }
@@ -441,7 +437,7 @@ mod tests {
         let m = m.clone();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            let mut round = run(m.turn(1).await);
+            let mut round = run(m.turn(1).await.1);
             let want = round.claim();
             round.finish(Outcome::Retry);
             want
@@ -451,7 +447,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_round_carries_the_callers_that_came_before_its_claim_not_after() {
         let m = Arc::new(Mover::default());
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         // Two callers come while the round reads the shards (before it claims).
         let early = [
             carried_after(&m, Duration::from_millis(5)),
@@ -472,7 +468,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn spare_units_carry_the_late_callers_only_when_all_of_them_fit() {
         let m = Arc::new(Mover::default());
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         assert_eq!(round.claim_within(10), 0, "nothing to add before the claim");
         assert_eq!(round.claim(), 1);
         let late = [
@@ -489,14 +485,14 @@ mod tests {
         }
 
         // Three late callers for 2 spare units: none is carried, all join the next round.
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         assert_eq!(round.claim(), 1);
         let late: Vec<_> = (0..3)
             .map(|i| {
                 let m = m.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(5 + i)).await;
-                    match m.turn(1).await {
+                    match m.turn(1).await.1 {
                         Turn::Run(mut round) => {
                             let want = round.claim();
                             round.finish(Outcome::SoldOut);
@@ -527,12 +523,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_carried_callers_read_the_round_outcome_and_a_dropped_round_is_failed() {
         let m = Arc::new(Mover::default());
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         round.claim();
         let waiter = {
             let m = m.clone();
             tokio::spawn(async move {
-                let mut round = run(m.turn(1).await);
+                let mut round = run(m.turn(1).await.1);
                 round.claim();
                 round.finish(Outcome::SoldOut);
             })
@@ -544,12 +540,12 @@ mod tests {
         assert_eq!(carried.await.unwrap(), Outcome::SoldOut);
         assert_eq!(m.state().last, Some(Outcome::SoldOut));
         // A round dropped after its claim reads as failed to whoever it carried.
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         round.claim();
         let runner = {
             let m = m.clone();
             tokio::spawn(async move {
-                let mut round = run(m.turn(1).await);
+                let mut round = run(m.turn(1).await.1);
                 round.claim();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(round);
@@ -565,14 +561,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_round_dropped_before_its_claim_fails_the_callers_waiting() {
         let m = Arc::new(Mover::default());
-        let round = run(m.turn(1).await);
+        let round = run(m.turn(1).await.1);
         // Waits behind the round, which goes away (an error in its read) unclaimed.
         let waiting = carried_after(&m, Duration::from_millis(5));
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(round);
         assert_eq!(waiting.await.unwrap(), Outcome::Failed);
         // Their demand went with it: the next round is for its own caller alone.
-        let mut round = run(m.turn(1).await);
+        let mut round = run(m.turn(1).await.1);
         assert_eq!(round.claim(), 1);
     }
 }

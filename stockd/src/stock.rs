@@ -381,7 +381,7 @@ impl App {
             redis.exists(keys::sold_out(activity, item)).await
         });
         let asked = Instant::now();
-        let turn = std::pin::pin!(mover.ticketed_turn(missing));
+        let turn = std::pin::pin!(mover.turn(missing));
         // `None`: the sold-out flag answered first.
         let turn = match futures::future::select(turn, flag).await {
             Either::Left((turn, _)) => Some(turn),
