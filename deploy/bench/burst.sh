@@ -134,7 +134,7 @@ python3 "$HERE/hist-diff.py" "$OUT/stockd-before.prom" "$OUT/stockd-after.prom" 
 # and a replica WAIT each) and the units moved.
 counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
 moves=""
-for m in stockd_rebalance_rounds_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
+for m in stockd_rebalance_rounds_total stockd_rebalance_rereads_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
     'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
     'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
     'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}' \

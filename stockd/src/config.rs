@@ -171,7 +171,7 @@ pub struct StockConfig {
     /// it carried, in ms (0..=1000; 0: not kept; the keep ends sooner once they have all
     /// reserved): other homes' rounds do not take them meanwhile, and a round that finds
     /// no other units waits for them to be bought, or for the keep to end, before it
-    /// looks again. Default 50 (the carried buyers' reservation, one
+    /// reads the shards again. Default 50 (the carried buyers' reservation, one
     /// group-commit call, takes a few ms even in a saturated burst).
     #[serde(default = "default_rebalance_keep_ms")]
     pub rebalance_keep_ms: u64,

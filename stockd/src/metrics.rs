@@ -163,6 +163,9 @@ pub struct Metrics {
     /// `stockd_rebalance_rounds_total`: rebalancing rounds run (one per item and empty
     /// home shard at a time, for every reservation waiting on it; `crate::mover`).
     pub rebalance_rounds: IntCounter,
+    /// `stockd_rebalance_rereads_total`: reads of the shards a round made again within
+    /// itself, after it waited for kept units or lost every take to another round.
+    pub rebalance_rereads: IntCounter,
     /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
     /// what they found ([`ROUND_OUTCOMES`]).
     pub rebalance_round_outcomes: IntCounterVec,
@@ -323,6 +326,12 @@ impl Metrics {
              reservation waiting on it",
         )
         .expect("valid metric");
+        let rebalance_rereads = IntCounter::new(
+            "stockd_rebalance_rereads_total",
+            "Reads of the shards a rebalancing round made again within itself, after it \
+             waited for kept units or lost every take to another round",
+        )
+        .expect("valid metric");
         let rebalance_round_outcomes = IntCounterVec::new(
             Opts::new(
                 "stockd_rebalance_round_outcomes_total",
@@ -375,6 +384,7 @@ impl Metrics {
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
             Box::new(rebalance_rounds.clone()),
+            Box::new(rebalance_rereads.clone()),
             Box::new(rebalance_round_outcomes.clone()),
             Box::new(sold_out_looks.clone()),
             Box::new(rebalance_round_seconds.clone()),
@@ -414,6 +424,7 @@ impl Metrics {
             lost_reservations,
             rebalance_units,
             rebalance_rounds,
+            rebalance_rereads,
             rebalance_round_outcomes,
             sold_out_looks,
             rebalance_round_seconds,

@@ -196,10 +196,16 @@ impl Round<'_> {
     /// Claims every unit asked for until now (this round's caller's own among them):
     /// the callers who asked take this round's outcome. The units to move (at least 1).
     pub fn claim(&mut self) -> i64 {
+        self.claim_again().max(1)
+    }
+
+    /// A later claim of the same round (after it read the shards again): every unit
+    /// asked for since its last claim (0 when none). The callers who asked ride with it.
+    pub fn claim_again(&mut self) -> i64 {
         let mut st = self.mover.state();
         st.claims += 1;
         self.claimed.get_or_insert(st.claims);
-        std::mem::take(&mut st.demand).max(1)
+        std::mem::take(&mut st.demand)
     }
 
     /// After units moved home, `spare` of them beyond what [`Self::claim`] asked for:
@@ -369,6 +375,45 @@ mod tests {
             "not this keep's caller"
         );
         for t in [runner, early.0, within.0] {
+            m.reserved(t, 1);
+        }
+        assert_eq!(m.kept(Instant::now()), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_that_reads_again_carries_the_callers_who_came_meanwhile() {
+        let m = Arc::new(Mover::default());
+        let until = Instant::now() + Duration::from_secs(60);
+        let (runner, turn) = m.turn(1).await;
+        let mut round = run(turn);
+        assert_eq!(round.claim(), 1);
+        // Its first read moved nothing; two callers come while it waits to read again.
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    let (ticket, turn) = m.turn(1).await;
+                    match turn {
+                        Turn::Done(o) => (ticket, o),
+                        Turn::Run(_) => panic!("a caller the second claim carried ran a round"),
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(round.claim_again(), 2, "the demand that came since");
+        assert_eq!(round.claim_again(), 0, "nothing came since");
+        round.keep(3, until);
+        round.finish(Outcome::Retry);
+        let mut tickets = vec![runner];
+        for w in waiting {
+            let (ticket, outcome) = w.await.unwrap();
+            assert_eq!(outcome, Outcome::Retry);
+            tickets.push(ticket);
+        }
+        // The keep spans every claim of the round: each carried caller counts it down.
+        for (n, t) in tickets.into_iter().enumerate() {
+            assert_eq!(m.kept(Instant::now()), Some((3 - n as i64, until)));
             m.reserved(t, 1);
         }
         assert_eq!(m.kept(Instant::now()), None);

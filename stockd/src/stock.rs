@@ -485,6 +485,13 @@ impl App {
     /// (1,218 takes for 269 units moved in one demo crowd, 28 after), holding back every
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
+    ///
+    /// A round that found only kept units waits for them, and one whose takes all came
+    /// back empty (another home's round took the units first), reads again, up to
+    /// [`REBALANCE_PASSES`] reads in all: ending the round there instead sent every
+    /// caller it carried back to an empty home, each spending one of its
+    /// `rebalance_attempts` on it, and at the end of a sale buyers ran out of attempts
+    /// while units remained (docs/load-testing.md, twenty-eighth session).
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -494,130 +501,161 @@ impl App {
     ) -> Result<Moved> {
         let a = entry.id();
         let shards = entry.shards();
-        let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
-        // The home shard's fence, read before any take: a give adds units only to a
-        // shard still under it (a rebuild in between counted them again from MySQL).
         let redis = self.redis_of(entry)?;
-        let (held, home_fence) = futures::future::try_join(
-            Box::pin(self.shard_stock(a, item, shards)),
-            redis.mget(vec![keys::fence(a, home)]),
-        )
-        .await?;
-        let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
-            self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
-            return Err(Error::Unavailable(format!(
-                "activity {a} lost its Redis state; rebuilding from MySQL"
-            )));
-        };
-        let home_epoch: Arc<str> = home_epoch.into();
-        // Units another home's round just brought there for its own callers are not on
-        // offer: taken before those callers reserve them, they went round the homes while
-        // every home's buyers chased them.
-        let mut offered = held.clone();
-        // The earliest end of the keeps that withheld units from this round, and the
-        // shards that keep them.
-        let mut kept_until: Option<Instant> = None;
-        let mut keepers = Vec::new();
-        if self.config.stock.rebalance_keep_ms > 0 {
-            let kept = entry.kept(item, Instant::now());
-            for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
-                if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
-                    *n -= units;
-                    kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
-                    keepers.push(d as u32);
-                }
+        // The units this round's claims asked for so far.
+        let mut missing = 0i64;
+        let mut passes = 0u32;
+        loop {
+            let (first, last_pass) = (passes == 0, passes + 1 >= REBALANCE_PASSES);
+            passes += 1;
+            if !first {
+                self.metrics.rebalance_rereads.inc();
             }
-        }
-        let donors = donor_order(&offered, home, start);
-        // The demand is claimed now, after the read: the callers that came during it ride
-        // with this round instead of waiting for the next.
-        let missing = round.claim();
-        if donors.is_empty() {
-            if let Some(until) = kept_until {
-                // Only kept units: once their buyers have reserved every one (most often
-                // within a group-commit call), or by the keep's end, they are gone or on
-                // offer. Waiting for that spares the buyers here a spin through their
-                // attempts meanwhile. The caller looks next, a look that begins after
-                // every caller who came during the wait: they ride with it too.
-                let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
-                let released = futures::future::join_all(movers.iter().map(|m| m.released()));
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until.into()) => {}
-                    _ = released => {}
-                }
-                round.claim();
-            }
-            return Ok(Moved::Nothing);
-        }
-        let mut moved = 0i64;
-        // Each move's units in transit are settled by a task of its own after its give:
-        // in the background when the units came home; waited for otherwise, before the
-        // caller's look (which would count this round's own records).
-        let mut settles = Vec::new();
-        for donor in donors {
-            let want = u32::try_from(missing - moved)
-                .unwrap_or(u32::MAX)
-                .max(self.config.stock.rebalance_batch);
-            // A take asks beyond what the read saw (units may have come since); of a donor
-            // that keeps units, what it asked beyond would be the kept ones.
-            let (has, offers) = (held[donor as usize], offered[donor as usize]);
-            let want = if offers < has {
-                want.min(u32::try_from(offers).unwrap_or(u32::MAX))
-            } else {
-                want
+            let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
+            // The home shard's fence, read before any take: a give adds units only to a
+            // shard still under it (a rebuild in between counted them again from MySQL).
+            let (held, home_fence) = futures::future::try_join(
+                Box::pin(self.shard_stock(a, item, shards)),
+                redis.mget(vec![keys::fence(a, home)]),
+            )
+            .await?;
+            let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
+                self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
+                return Err(Error::Unavailable(format!(
+                    "activity {a} lost its Redis state; rebuilding from MySQL"
+                )));
             };
-            // The move runs in a task of its own: when the caller goes away (a client
-            // deadline drops this future) between the take and the give, the give still
-            // happens instead of the taken units vanishing.
-            // Held while this future waits for the task: closed if it is dropped.
-            let (_waiting, caller) = oneshot::channel::<()>();
-            let task = tokio::spawn(Arc::clone(self).move_units(
-                Arc::clone(entry),
-                Move {
-                    item,
-                    donor,
-                    home,
-                    home_epoch: Arc::clone(&home_epoch),
-                    want,
-                },
-                caller,
-            ));
-            let step = task
-                .await
-                .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
-            match step {
-                Step::Empty => continue,
-                Step::Moved(n, settle) => {
-                    moved += n;
-                    if moved >= missing {
-                        let carried = missing + round.claim_within(moved - missing);
-                        let keep = self.config.stock.rebalance_keep_ms;
-                        if keep > 0 {
-                            round.keep(carried, Instant::now() + Duration::from_millis(keep));
-                        }
-                        // The records settle in the background: the units are home,
-                        // and the callers reserve them meanwhile.
-                        return Ok(Moved::Units);
+            if !first && held[home as usize] > 0 {
+                // Units came home meanwhile (a release): the callers reserve again, and
+                // those who came since ride with them.
+                round.claim_again();
+                return Ok(Moved::Units);
+            }
+            let home_epoch: Arc<str> = home_epoch.into();
+            // Units another home's round just brought there for its own callers are not
+            // on offer: taken before those callers reserve them, they went round the
+            // homes while every home's buyers chased them.
+            let mut offered = held.clone();
+            // The earliest end of the keeps that withheld units from this round, and the
+            // shards that keep them.
+            let mut kept_until: Option<Instant> = None;
+            let mut keepers = Vec::new();
+            if self.config.stock.rebalance_keep_ms > 0 {
+                let kept = entry.kept(item, Instant::now());
+                for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
+                    if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
+                        *n -= units;
+                        kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
+                        keepers.push(d as u32);
                     }
-                    settles.push(settle);
-                }
-                Step::Lost => {
-                    return Err(Error::Unavailable(format!(
-                        "activity {a} lost its Redis state; rebuilding from MySQL"
-                    )))
                 }
             }
+            let donors = donor_order(&offered, home, start);
+            // The demand is claimed now, after the read: the callers that came during it
+            // ride with this round instead of waiting for the next.
+            missing += if first {
+                round.claim()
+            } else {
+                round.claim_again()
+            };
+            if donors.is_empty() {
+                if let Some(until) = kept_until {
+                    // Only kept units: once their buyers have reserved every one (most
+                    // often within a group-commit call), or by the keep's end, they are
+                    // gone or on offer. Waiting for that spares the buyers here a spin
+                    // through their attempts meanwhile; then this round reads again and
+                    // takes what is on offer by then (or, on its last pass, the caller
+                    // looks). The callers who came during the wait ride with it.
+                    let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
+                    let released = futures::future::join_all(movers.iter().map(|m| m.released()));
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until.into()) => {}
+                        _ = released => {}
+                    }
+                    if !last_pass {
+                        continue;
+                    }
+                    round.claim_again();
+                }
+                return Ok(Moved::Nothing);
+            }
+            let mut moved = 0i64;
+            // Each move's units in transit are settled by a task of its own after its
+            // give: in the background when the units came home; waited for otherwise,
+            // before the caller's look (which would count this round's own records).
+            let mut settles = Vec::new();
+            for donor in donors {
+                let want = u32::try_from(missing - moved)
+                    .unwrap_or(u32::MAX)
+                    .max(self.config.stock.rebalance_batch);
+                // A take asks beyond what the read saw (units may have come since); of a
+                // donor that keeps units, what it asked beyond would be the kept ones.
+                let (has, offers) = (held[donor as usize], offered[donor as usize]);
+                let want = if offers < has {
+                    want.min(u32::try_from(offers).unwrap_or(u32::MAX))
+                } else {
+                    want
+                };
+                // The move runs in a task of its own: when the caller goes away (a client
+                // deadline drops this future) between the take and the give, the give
+                // still happens instead of the taken units vanishing.
+                // Held while this future waits for the task: closed if it is dropped.
+                let (_waiting, caller) = oneshot::channel::<()>();
+                let task = tokio::spawn(Arc::clone(self).move_units(
+                    Arc::clone(entry),
+                    Move {
+                        item,
+                        donor,
+                        home,
+                        home_epoch: Arc::clone(&home_epoch),
+                        want,
+                    },
+                    caller,
+                ));
+                let step = task
+                    .await
+                    .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
+                match step {
+                    Step::Empty => continue,
+                    Step::Moved(n, settle) => {
+                        moved += n;
+                        if moved >= missing {
+                            let carried = missing + round.claim_within(moved - missing);
+                            let keep = self.config.stock.rebalance_keep_ms;
+                            if keep > 0 {
+                                round.keep(carried, Instant::now() + Duration::from_millis(keep));
+                            }
+                            // The records settle in the background: the units are home,
+                            // and the callers reserve them meanwhile.
+                            return Ok(Moved::Units);
+                        }
+                        settles.push(settle);
+                    }
+                    Step::Lost => {
+                        return Err(Error::Unavailable(format!(
+                            "activity {a} lost its Redis state; rebuilding from MySQL"
+                        )))
+                    }
+                }
+            }
+            if moved == 0 && !last_pass {
+                // Every donor the read offered was emptied by another round before this
+                // one's take reached it: the units went to another home (kept there for
+                // its buyers) or are on their way. Read again rather than send the
+                // callers here to an empty home, each spending an attempt on it.
+                continue;
+            }
+            // The caller looks at the shards next and may mark the item sold out: this
+            // round's own records must be gone first.
+            for settle in settles {
+                let _ = settle.await;
+            }
+            return Ok(if moved > 0 {
+                Moved::Some
+            } else {
+                Moved::Nothing
+            });
         }
-        // The caller looks at the shards next and may mark the item sold out: this
-        // round's own records must be gone first.
-        for settle in settles {
-            let _ = settle.await;
-        }
-        Ok(if moved > 0 {
-            Moved::Some
-        } else {
-            Moved::Nothing
-        })
     }
 
     /// One [`Move`] of up to `want` units from `donor` to `home`: TAKE on the donor, then
@@ -1028,6 +1066,12 @@ impl App {
         Ok(outcome)
     }
 }
+
+/// Reads of the shards one rebalancing round makes at most (`App::rebalance`):
+/// the first, and the reads again after it waited for kept units or lost every take to
+/// another round. Each wait is bounded by `stock.rebalance_keep_ms`, so a round lasts at
+/// most this many keeps (and reads and takes).
+const REBALANCE_PASSES: u32 = 4;
 
 enum Moved {
     /// Every missing unit moved home.

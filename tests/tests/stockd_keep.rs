@@ -9,7 +9,8 @@
 //! point `stockd::reserve::carried` blocks the runtime thread of the in-process stockd for
 //! `HOLD_MS`. Another buyer's round runs meanwhile on the other thread.
 //!
-//! A test binary of its own: a fail point is process-wide.
+//! A test binary of its own: a fail point is process-wide (and its tests take turns,
+//! [`SERIAL`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -29,6 +30,9 @@ const KEEP_MS: u64 = 1000;
 /// How long the carried buyer is held: well inside the keep.
 const HOLD_MS: u64 = 400;
 const CARRIED: &str = "stockd::reserve::carried";
+
+/// The tests of this binary take turns: they hold the same fail point.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Holds the next buyer a round carries home for [`HOLD_MS`], once; the receiver hears
 /// when (the round's keep is set by then).
@@ -75,6 +79,7 @@ fn reserve_in_task(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kept_units_stay_for_the_carried_buyers_and_their_reservations_end_the_keep() {
+    let _turn = SERIAL.lock().await;
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
@@ -146,5 +151,88 @@ async fn kept_units_stay_for_the_carried_buyers_and_their_reservations_end_the_k
         answered < Duration::from_millis(KEEP_MS - 200),
         "y was answered {answered:?} after x was held: its round waited for the keep's end \
          ({KEEP_MS} ms), not for x's reservation ({HOLD_MS} ms)"
+    );
+}
+
+/// A round that waited for kept units reads the shards again and takes what is on offer
+/// by then, within the same round: its callers do not spend an attempt on an empty home
+/// for it. With one attempt, y's round meets x's kept unit, waits for the keep's end (x is
+/// held past it) and then takes the unit: y is answered RESERVED. When the round ended at
+/// the wait instead, y's one attempt went to its empty home and y was told to retry
+/// (ABORTED) while the unit sat on offer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_waited_for_kept_units_takes_them_once_the_keep_ends() {
+    const KEEP_MS: u64 = 300;
+    const HOLD_MS: u64 = 1500;
+    let _turn = SERIAL.lock().await;
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.stock.rebalance_batch = 4;
+        c.stock.rebalance_keep_ms = KEEP_MS;
+        c.stock.rebalance_attempts = 1;
+    })
+    .await;
+    let redis = cluster.client().await;
+    let buyer = |home: u32, name: &str| user_on_shard(name, home, SHARDS);
+    let act = create_published_activity(&h, &[(1, 500)], SHARDS, Duration::ZERO, HOUR).await;
+    let (a, s) = (act.id, act.items[0].id);
+    set_shard_stock(&redis, a, s, &[0, 0, 1, 0]).await;
+
+    // x's round brings the last unit home to shard 0 and keeps it for x, who is held
+    // past the keep's end.
+    let (tx, rx) = mpsc::channel();
+    let held_once = AtomicBool::new(false);
+    fail::cfg_callback(CARRIED, move || {
+        if !held_once.swap(true, Ordering::SeqCst) {
+            let _ = tx.send(Instant::now());
+            std::thread::sleep(Duration::from_millis(HOLD_MS));
+        }
+    })
+    .unwrap();
+    let x = reserve_in_task(&h, (a, s), buyer(0, "x"));
+    let held_at = held(rx).await;
+    let rereads = || h.metrics.rebalance_rereads.get();
+    let before = rereads();
+    let mut c = h.stock_client().await;
+    let y = outcome(reserve(&mut c, a, s, &buyer(1, "y"), "r").await);
+    let answered = held_at.elapsed();
+    let again = rereads() - before;
+    let x = x.await.unwrap();
+    fail::remove(CARRIED);
+    eprintln!("y: {y} after {answered:?}, its round read again {again} time(s); x: {x}");
+    assert_eq!(
+        y, "Reserved",
+        "y's round waited for the kept unit and ended there: y spent its one attempt on \
+         its empty home while the unit was on offer"
+    );
+    assert_eq!(
+        x, "SoldOut",
+        "the keep ended before x came back for its unit"
+    );
+    assert_eq!(shard_stock(&redis, a, s, SHARDS).await, vec![0; 4]);
+    assert_eq!(
+        stream_len(&redis, a, SHARDS).await,
+        1,
+        "one unit, one order"
+    );
+    // y reached stockd after the keep's end (a machine too slow to call within KEEP_MS):
+    // its round found the unit on offer at once, and read nothing again.
+    if answered >= Duration::from_millis(HOLD_MS) {
+        eprintln!("y was answered after x's hold: not checked further");
+        return;
+    }
+    if again == 0 {
+        assert!(
+            answered > Duration::from_millis(KEEP_MS),
+            "y's round neither met the keep nor came after it"
+        );
+        eprintln!("y's round did not meet the keep");
+        return;
+    }
+    assert!(
+        answered >= Duration::from_millis(KEEP_MS / 2),
+        "y was answered {answered:?} after x was held: before the keep could end"
     );
 }
