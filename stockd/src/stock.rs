@@ -525,12 +525,6 @@ impl App {
                     "activity {a} lost its Redis state; rebuilding from MySQL"
                 )));
             };
-            if !first && held[home as usize] > 0 {
-                // Units came home meanwhile (a release): the callers reserve again, and
-                // those who came since ride with them.
-                round.claim_again();
-                return Ok(Moved::Units);
-            }
             let home_epoch: Arc<str> = home_epoch.into();
             // Units another home's round just brought there for its own callers are not
             // on offer: taken before those callers reserve them, they went round the
