@@ -164,7 +164,7 @@ pub struct Metrics {
     /// home shard at a time, for every reservation waiting on it; `crate::mover`).
     pub rebalance_rounds: IntCounter,
     /// `stockd_rebalance_rereads_total`: reads of the shards a round made again within
-    /// itself, after it waited for kept units or lost every take to another round.
+    /// itself, after it waited for kept units.
     pub rebalance_rereads: IntCounter,
     /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
     /// what they found ([`ROUND_OUTCOMES`]).
@@ -329,7 +329,7 @@ impl Metrics {
         let rebalance_rereads = IntCounter::new(
             "stockd_rebalance_rereads_total",
             "Reads of the shards a rebalancing round made again within itself, after it \
-             waited for kept units or lost every take to another round",
+             waited for kept units",
         )
         .expect("valid metric");
         let rebalance_round_outcomes = IntCounterVec::new(

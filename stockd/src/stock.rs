@@ -486,12 +486,14 @@ impl App {
     /// reservation batched with them. A donor that gains units after the read is not
     /// lost: the caller looks at every shard again before it answers sold out.
     ///
-    /// A round that found only kept units waits for them, and one whose takes all came
-    /// back empty (another home's round took the units first), reads again, up to
-    /// [`REBALANCE_PASSES`] reads in all: ending the round there instead sent every
+    /// A round that found only kept units waits for them, then reads again, up to
+    /// [`REBALANCE_PASSES`] reads in all: ending the round after the wait sent every
     /// caller it carried back to an empty home, each spending one of its
-    /// `rebalance_attempts` on it, and at the end of a sale buyers ran out of attempts
-    /// while units remained (docs/load-testing.md, twenty-eighth session).
+    /// `rebalance_attempts` on it, while the units it waited for were on offer. (A round
+    /// whose takes all came back empty, another home's round having taken the units
+    /// first, ends: reading again at once there made the last units go round the homes
+    /// faster, and more buyers ran out of attempts; docs/load-testing.md, twenty-eighth
+    /// session.)
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -631,13 +633,6 @@ impl App {
                         )))
                     }
                 }
-            }
-            if moved == 0 && !last_pass {
-                // Every donor the read offered was emptied by another round before this
-                // one's take reached it: the units went to another home (kept there for
-                // its buyers) or are on their way. Read again rather than send the
-                // callers here to an empty home, each spending an attempt on it.
-                continue;
             }
             // The caller looks at the shards next and may mark the item sold out: this
             // round's own records must be gone first.
@@ -1061,10 +1056,10 @@ impl App {
     }
 }
 
-/// Reads of the shards one rebalancing round makes at most (`App::rebalance`):
-/// the first, and the reads again after it waited for kept units or lost every take to
-/// another round. Each wait is bounded by `stock.rebalance_keep_ms`, so a round lasts at
-/// most this many keeps (and reads and takes).
+/// Reads of the shards one rebalancing round makes at most (`App::rebalance`): the
+/// first, and the reads again after it waited for kept units. Each wait is bounded by
+/// `stock.rebalance_keep_ms`, so a round lasts at most this many keeps (and reads and
+/// takes).
 const REBALANCE_PASSES: u32 = 4;
 
 enum Moved {
