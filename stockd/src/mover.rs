@@ -15,7 +15,9 @@
 //! its read of the shards, just before its first take ([`Round::claim`]), so the callers
 //! that arrived during the read ride with it. When its takes brought home more than it
 //! claimed (a take asks for at least `stock.rebalance_batch`), it claims again after the
-//! give what still fits in those spare units ([`Round::claim_within`]). The callers whose
+//! give what still fits in those spare units ([`Round::claim_within`]); and when it read
+//! the shards again after waiting for kept units, it claims what came since
+//! ([`Round::claim_again`]). The callers whose
 //! demand a round claimed do not move again but take its outcome (reserve again, or sold
 //! out); the others run or join the next round. So a crowd of empty-home buyers costs
 //! one move per round instead of one per buyer, and a buyer who arrives while a round
@@ -53,7 +55,7 @@ pub enum Outcome {
 struct State {
     /// Units asked for by the callers whose demand no round has claimed yet.
     demand: i64,
-    /// Claims made so far (a round makes one or two). A caller remembers the count when
+    /// Claims made so far (a round makes one or more). A caller remembers the count when
     /// it adds its demand: the next claim carries it.
     claims: u64,
     /// `claims` as it stood when the last round finished: every caller that joined
@@ -199,8 +201,9 @@ impl Round<'_> {
         self.claim_again().max(1)
     }
 
-    /// A later claim of the same round (after it read the shards again): every unit
-    /// asked for since its last claim (0 when none). The callers who asked ride with it.
+    /// A later claim of the same round (after it waited for kept units, before it reads
+    /// the shards again or ends): every unit asked for since its last claim (0 when
+    /// none). The callers who asked ride with it.
     pub fn claim_again(&mut self) -> i64 {
         let mut st = self.mover.state();
         st.claims += 1;
@@ -208,7 +211,7 @@ impl Round<'_> {
         std::mem::take(&mut st.demand)
     }
 
-    /// After units moved home, `spare` of them beyond what [`Self::claim`] asked for:
+    /// After units moved home, `spare` of them beyond what the round's claims asked for:
     /// claims the demand that arrived since when it fits in them (all of it or none).
     /// The units claimed (0 when none).
     pub fn claim_within(&mut self, spare: i64) -> i64 {

@@ -2,8 +2,9 @@
 //! Units a rebalancing round moved home are kept for the buyers it carried
 //! (`stock.rebalance_keep_ms`, `stockd/src/mover.rs`), on a real cluster: another home's
 //! round takes only what the donor holds beyond them, and the keep counts down as those
-//! buyers reserve, so a round that found nothing but kept units looks as soon as they are
-//! bought instead of at the keep's end.
+//! buyers reserve, so a round that found nothing but kept units reads the shards again as
+//! soon as they are bought instead of at the keep's end; once the keep ends, it takes
+//! what is on offer within the same round.
 //!
 //! The carried buyer is held between its round and its reservation for real: the fail
 //! point `stockd::reserve::carried` blocks the runtime thread of the in-process stockd for
@@ -118,8 +119,8 @@ async fn kept_units_stay_for_the_carried_buyers_and_their_reservations_end_the_k
 
     // 2. The keep counts down. x's round brings the last unit home and keeps it for x,
     // who is held. y's round (home 1) finds only that kept unit and waits: for x to
-    // reserve it (at HOLD_MS), not for the keep's end (at KEEP_MS). Then it looks, and y
-    // is told sold out.
+    // reserve it (at HOLD_MS), not for the keep's end (at KEEP_MS). Then it reads the
+    // shards again, finds nothing, looks, and y is told sold out.
     let act = create_published_activity(&h, &[(1, 500)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     set_shard_stock(&redis, a, s, &[0, 0, 1, 0]).await;
@@ -217,15 +218,12 @@ async fn a_round_that_waited_for_kept_units_takes_them_once_the_keep_ends() {
         1,
         "one unit, one order"
     );
-    // y reached stockd after the keep's end (a machine too slow to call within KEEP_MS):
-    // its round found the unit on offer at once, and read nothing again.
-    if answered >= Duration::from_millis(HOLD_MS) {
-        eprintln!("y was answered after x's hold: not checked further");
-        return;
-    }
     if again == 0 {
+        // y reached stockd after the keep's end (a machine too slow to call within
+        // KEEP_MS): its round found the unit on offer at once, and read nothing again.
+        // (The keep began a little before x was held: some slack.)
         assert!(
-            answered > Duration::from_millis(KEEP_MS),
+            answered >= Duration::from_millis(KEEP_MS - 50),
             "y's round neither met the keep nor came after it"
         );
         eprintln!("y's round did not meet the keep");
