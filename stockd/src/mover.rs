@@ -342,20 +342,7 @@ mod tests {
         let mut round = run(turn);
         // One caller comes before the claim, one after it (carried by the claim within
         // the spare units), one after both claims (the next round's).
-        let ticketed = |after: u64| {
-            let m = m.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(after)).await;
-                let (ticket, turn) = m.turn(1).await;
-                match turn {
-                    Turn::Done(o) => (ticket, Some(o)),
-                    Turn::Run(round) => {
-                        drop(round);
-                        (ticket, None)
-                    }
-                }
-            })
-        };
+        let ticketed = |after: u64| ticketed_after(&m, Duration::from_millis(after));
         let early = ticketed(5);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(round.claim(), 2);
@@ -391,18 +378,7 @@ mod tests {
         let mut round = run(turn);
         assert_eq!(round.claim(), 1);
         // Its first read moved nothing; two callers come while it waits to read again.
-        let waiting: Vec<_> = (0..2)
-            .map(|_| {
-                let m = m.clone();
-                tokio::spawn(async move {
-                    let (ticket, turn) = m.turn(1).await;
-                    match turn {
-                        Turn::Done(o) => (ticket, o),
-                        Turn::Run(_) => panic!("a caller the second claim carried ran a round"),
-                    }
-                })
-            })
-            .collect();
+        let waiting: Vec<_> = (0..2).map(|_| ticketed_after(&m, Duration::ZERO)).collect();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(round.claim_again(), 2, "the demand that came since");
         assert_eq!(round.claim_again(), 0, "nothing came since");
@@ -411,7 +387,7 @@ mod tests {
         let mut tickets = vec![runner];
         for w in waiting {
             let (ticket, outcome) = w.await.unwrap();
-            assert_eq!(outcome, Outcome::Retry);
+            assert_eq!(outcome, Some(Outcome::Retry), "carried by the second claim");
             tickets.push(ticket);
         }
         // The keep spans every claim of the round: each carried caller counts it down.
@@ -465,6 +441,23 @@ mod tests {
         // One round after the first carried all twenty, sized for all of them.
         assert_eq!(rounds.load(Ordering::SeqCst), 1);
         assert_eq!(moved.load(Ordering::SeqCst), 20);
+    }
+
+    /// A caller that comes `after`: its ticket, and the outcome of the round that carried
+    /// it (`None`: it ran a round of its own, dropped at once).
+    fn ticketed_after(
+        m: &Arc<Mover>,
+        after: Duration,
+    ) -> tokio::task::JoinHandle<(Ticket, Option<Outcome>)> {
+        let m = m.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let (ticket, turn) = m.turn(1).await;
+            match turn {
+                Turn::Done(o) => (ticket, Some(o)),
+                Turn::Run(_) => (ticket, None),
+            }
+        })
     }
 
     /// A caller that comes `after` and must be carried by a round (not run one): its

@@ -506,11 +506,11 @@ impl App {
         let redis = self.redis_of(entry)?;
         // The units this round's claims asked for so far.
         let mut missing = 0i64;
-        let mut passes = 0u32;
-        loop {
-            let (first, last_pass) = (passes == 0, passes + 1 >= REBALANCE_PASSES);
-            passes += 1;
-            if !first {
+        let mut reads = 0u32;
+        // Read until a donor offers units; only kept units: wait for them, and read again.
+        let (held, offered, donors, home_epoch) = loop {
+            reads += 1;
+            if reads > 1 {
                 self.metrics.rebalance_rereads.inc();
             }
             let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
@@ -527,7 +527,6 @@ impl App {
                     "activity {a} lost its Redis state; rebuilding from MySQL"
                 )));
             };
-            let home_epoch: Arc<str> = home_epoch.into();
             // Units another home's round just brought there for its own callers are not
             // on offer: taken before those callers reserve them, they went round the
             // homes while every home's buyers chased them.
@@ -549,102 +548,103 @@ impl App {
             let donors = donor_order(&offered, home, start);
             // The demand is claimed now, after the read: the callers that came during it
             // ride with this round instead of waiting for the next.
-            missing += if first {
+            missing += if reads == 1 {
                 round.claim()
             } else {
                 round.claim_again()
             };
-            if donors.is_empty() {
-                if let Some(until) = kept_until {
-                    // Only kept units: once their buyers have reserved every one (most
-                    // often within a group-commit call), or by the keep's end, they are
-                    // gone or on offer. Waiting for that spares the buyers here a spin
-                    // through their attempts meanwhile; then this round reads again and
-                    // takes what is on offer by then (or, on its last pass, the caller
-                    // looks). The callers who came during the wait ride with it.
-                    let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
-                    let released = futures::future::join_all(movers.iter().map(|m| m.released()));
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(until.into()) => {}
-                        _ = released => {}
-                    }
-                    if !last_pass {
-                        continue;
-                    }
-                    round.claim_again();
-                }
+            if !donors.is_empty() {
+                break (held, offered, donors, Arc::<str>::from(home_epoch));
+            }
+            let Some(until) = kept_until else {
+                return Ok(Moved::Nothing);
+            };
+            // Only kept units: once their buyers have reserved every one (most often
+            // within a group-commit call), or by the keep's end, they are gone or on
+            // offer. Waiting for that spares the buyers here a spin through their attempts
+            // meanwhile; then this round reads again and takes what is on offer by then
+            // (after its last read, the caller looks). The callers who came during the
+            // wait ride with it.
+            let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
+            let released = futures::future::join_all(movers.iter().map(|m| m.released()));
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = released => {}
+            }
+            if reads == REBALANCE_PASSES {
+                round.claim_again();
                 return Ok(Moved::Nothing);
             }
-            let mut moved = 0i64;
-            // Each move's units in transit are settled by a task of its own after its
-            // give: in the background when the units came home; waited for otherwise,
-            // before the caller's look (which would count this round's own records).
-            let mut settles = Vec::new();
-            for donor in donors {
-                let want = u32::try_from(missing - moved)
-                    .unwrap_or(u32::MAX)
-                    .max(self.config.stock.rebalance_batch);
-                // A take asks beyond what the read saw (units may have come since); of a
-                // donor that keeps units, what it asked beyond would be the kept ones.
-                let (has, offers) = (held[donor as usize], offered[donor as usize]);
-                let want = if offers < has {
-                    want.min(u32::try_from(offers).unwrap_or(u32::MAX))
-                } else {
-                    want
-                };
-                // The move runs in a task of its own: when the caller goes away (a client
-                // deadline drops this future) between the take and the give, the give
-                // still happens instead of the taken units vanishing.
-                // Held while this future waits for the task: closed if it is dropped.
-                let (_waiting, caller) = oneshot::channel::<()>();
-                let task = tokio::spawn(Arc::clone(self).move_units(
-                    Arc::clone(entry),
-                    Move {
-                        item,
-                        donor,
-                        home,
-                        home_epoch: Arc::clone(&home_epoch),
-                        want,
-                    },
-                    caller,
-                ));
-                let step = task
-                    .await
-                    .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
-                match step {
-                    Step::Empty => continue,
-                    Step::Moved(n, settle) => {
-                        moved += n;
-                        if moved >= missing {
-                            let carried = missing + round.claim_within(moved - missing);
-                            let keep = self.config.stock.rebalance_keep_ms;
-                            if keep > 0 {
-                                round.keep(carried, Instant::now() + Duration::from_millis(keep));
-                            }
-                            // The records settle in the background: the units are home,
-                            // and the callers reserve them meanwhile.
-                            return Ok(Moved::Units);
+        };
+        let mut moved = 0i64;
+        // Each move's units in transit are settled by a task of its own after its give:
+        // in the background when the units came home; waited for otherwise, before the
+        // caller's look (which would count this round's own records).
+        let mut settles = Vec::new();
+        for donor in donors {
+            let want = u32::try_from(missing - moved)
+                .unwrap_or(u32::MAX)
+                .max(self.config.stock.rebalance_batch);
+            // A take asks beyond what the read saw (units may have come since); of a donor
+            // that keeps units, what it asked beyond would be the kept ones.
+            let (has, offers) = (held[donor as usize], offered[donor as usize]);
+            let want = if offers < has {
+                want.min(u32::try_from(offers).unwrap_or(u32::MAX))
+            } else {
+                want
+            };
+            // The move runs in a task of its own: when the caller goes away (a client
+            // deadline drops this future) between the take and the give, the give still
+            // happens instead of the taken units vanishing.
+            // Held while this future waits for the task: closed if it is dropped.
+            let (_waiting, caller) = oneshot::channel::<()>();
+            let task = tokio::spawn(Arc::clone(self).move_units(
+                Arc::clone(entry),
+                Move {
+                    item,
+                    donor,
+                    home,
+                    home_epoch: Arc::clone(&home_epoch),
+                    want,
+                },
+                caller,
+            ));
+            let step = task
+                .await
+                .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
+            match step {
+                Step::Empty => continue,
+                Step::Moved(n, settle) => {
+                    moved += n;
+                    if moved >= missing {
+                        let carried = missing + round.claim_within(moved - missing);
+                        let keep = self.config.stock.rebalance_keep_ms;
+                        if keep > 0 {
+                            round.keep(carried, Instant::now() + Duration::from_millis(keep));
                         }
-                        settles.push(settle);
+                        // The records settle in the background: the units are home,
+                        // and the callers reserve them meanwhile.
+                        return Ok(Moved::Units);
                     }
-                    Step::Lost => {
-                        return Err(Error::Unavailable(format!(
-                            "activity {a} lost its Redis state; rebuilding from MySQL"
-                        )))
-                    }
+                    settles.push(settle);
+                }
+                Step::Lost => {
+                    return Err(Error::Unavailable(format!(
+                        "activity {a} lost its Redis state; rebuilding from MySQL"
+                    )))
                 }
             }
-            // The caller looks at the shards next and may mark the item sold out: this
-            // round's own records must be gone first.
-            for settle in settles {
-                let _ = settle.await;
-            }
-            return Ok(if moved > 0 {
-                Moved::Some
-            } else {
-                Moved::Nothing
-            });
         }
+        // The caller looks at the shards next and may mark the item sold out: this
+        // round's own records must be gone first.
+        for settle in settles {
+            let _ = settle.await;
+        }
+        Ok(if moved > 0 {
+            Moved::Some
+        } else {
+            Moved::Nothing
+        })
     }
 
     /// One [`Move`] of up to `want` units from `donor` to `home`: TAKE on the donor, then

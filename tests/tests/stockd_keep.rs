@@ -35,15 +35,15 @@ const CARRIED: &str = "stockd::reserve::carried";
 /// The tests of this binary take turns: they hold the same fail point.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Holds the next buyer a round carries home for [`HOLD_MS`], once; the receiver hears
+/// Holds the next buyer a round carries home for `hold_ms`, once; the receiver hears
 /// when (the round's keep is set by then).
-fn hold_the_next_carried_buyer() -> mpsc::Receiver<Instant> {
+fn hold_the_next_carried_buyer(hold_ms: u64) -> mpsc::Receiver<Instant> {
     let (tx, rx) = mpsc::channel();
     let held = AtomicBool::new(false);
     fail::cfg_callback(CARRIED, move || {
         if !held.swap(true, Ordering::SeqCst) {
             let _ = tx.send(Instant::now());
-            std::thread::sleep(Duration::from_millis(HOLD_MS));
+            std::thread::sleep(Duration::from_millis(hold_ms));
         }
     })
     .unwrap();
@@ -102,7 +102,7 @@ async fn kept_units_stay_for_the_carried_buyers_and_their_reservations_end_the_k
     let (a, s) = (act.id, act.items[0].id);
     set_shard_stock(&redis, a, s, &[0, 0, 4, 0]).await;
     let before = rounds();
-    let hold = hold_the_next_carried_buyer();
+    let hold = hold_the_next_carried_buyer(HOLD_MS);
     let x = reserve_in_task(&h, (a, s), buyer(0, "x"));
     held(hold).await;
     let mut c = h.stock_client().await;
@@ -124,7 +124,7 @@ async fn kept_units_stay_for_the_carried_buyers_and_their_reservations_end_the_k
     let act = create_published_activity(&h, &[(1, 500)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     set_shard_stock(&redis, a, s, &[0, 0, 1, 0]).await;
-    let hold = hold_the_next_carried_buyer();
+    let hold = hold_the_next_carried_buyer(HOLD_MS);
     let x = reserve_in_task(&h, (a, s), buyer(0, "x"));
     let held_at = held(hold).await;
     let round_secs = || h.metrics.rebalance_round_seconds.get_sample_sum();
@@ -183,17 +183,9 @@ async fn a_round_that_waited_for_kept_units_takes_them_once_the_keep_ends() {
 
     // x's round brings the last unit home to shard 0 and keeps it for x, who is held
     // past the keep's end.
-    let (tx, rx) = mpsc::channel();
-    let held_once = AtomicBool::new(false);
-    fail::cfg_callback(CARRIED, move || {
-        if !held_once.swap(true, Ordering::SeqCst) {
-            let _ = tx.send(Instant::now());
-            std::thread::sleep(Duration::from_millis(HOLD_MS));
-        }
-    })
-    .unwrap();
+    let hold = hold_the_next_carried_buyer(HOLD_MS);
     let x = reserve_in_task(&h, (a, s), buyer(0, "x"));
-    let held_at = held(rx).await;
+    let held_at = held(hold).await;
     let rereads = || h.metrics.rebalance_rereads.get();
     let before = rereads();
     let mut c = h.stock_client().await;
