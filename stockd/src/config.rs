@@ -211,7 +211,7 @@ pub struct StockConfig {
     pub recompute_at_start: bool,
     /// Shortest time between two rebuilds of one activity that failed rebalancing moves
     /// start, in ms (0..=600000; 0: no gap). A take or give whose outcome is unknown (a
-    /// timeout, a cut connection), or a take no replica acknowledged, may hold units back
+    /// timeout, a cut connection), or a take or give no replica acknowledged, may hold units back
     /// that only a rebuild counts again; while Redis keeps failing, each failed move would
     /// otherwise start a rebuild as soon as the last ended, each making the activity
     /// UNAVAILABLE while it runs. A failure within the gap waits for its end, and the

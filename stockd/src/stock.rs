@@ -111,8 +111,9 @@ enum Step {
     /// The donor had nothing.
     Empty,
     /// Units (this many) went from the donor to the home shard; the move's record of
-    /// units in transit is being settled by this task ([`transit::settle`]).
-    Moved(i64, tokio::task::JoinHandle<()>),
+    /// units in transit is being settled by this task ([`transit::settle`]), or, with
+    /// none (the give on no replica yet), left to its deadline.
+    Moved(i64, Option<tokio::task::JoinHandle<()>>),
     /// A shard's state is gone; a recompute was started.
     Lost,
 }
@@ -626,7 +627,7 @@ impl App {
                         // and the callers reserve them meanwhile.
                         return Ok(Moved::Units);
                     }
-                    settles.push(settle);
+                    settles.extend(settle);
                 }
                 Step::Lost => {
                     return Err(Error::Unavailable(format!(
@@ -778,9 +779,18 @@ impl App {
                 "rebalancing: the move ran out of time; retry".into(),
             ));
         }
+        // The give waits for a replica like every other write of a move: the home
+        // master could die before its replica has the units, and a failover would then
+        // lose them with nothing left to show it (the settle below removes the
+        // record, and the shard's sequence did not move, so no fence check finds a
+        // rewind).
         let give = GiveCall::new(a, home, item, taken, &home_epoch);
-        let given = match redis.call(give).await.and_then(|v| int(&v)) {
-            Ok(n) => Given::from_reply(n),
+        let given = redis
+            .call_acked(give, &keys::fence(a, home))
+            .await
+            .and_then(|g| Ok((int(&g.value)?, g.replicated)));
+        let (given, give_replicated) = match given {
+            Ok((n, replicated)) => (Given::from_reply(n), replicated),
             Err(e) => {
                 // The give may not have run: the taken units would be gone for good. Or
                 // it may still land (a master that queued it past the deadline): the
@@ -818,11 +828,27 @@ impl App {
                 tracing::warn!(a, item, error = %e, "cannot clear the sold-out flag");
             }
         }
+        if !give_replicated {
+            // The units are on the home master alone. The callers may reserve them (a
+            // reservation waits for the replica too), but the move is not settled: its
+            // record holds sold-out marks back until its deadline, and the rebuild
+            // started here counts the units again from MySQL if a failover lost them.
+            tracing::warn!(
+                a,
+                item,
+                donor,
+                home,
+                taken,
+                "rebalancing: the give is not on a replica; its record stays, rebuilding"
+            );
+            self.repair_after_move(&entry, "a rebalancing give was not replicated");
+            return Ok(Step::Moved(taken, None));
+        }
         let settle = {
             let redis = redis.clone();
             tokio::spawn(async move { transit::settle(&redis, (a, item, donor), &id, taken).await })
         };
-        Ok(Step::Moved(taken, settle))
+        Ok(Step::Moved(taken, Some(settle)))
     }
 
     async fn announce_sold_out(&self, a: u64, s: u64) -> Result<()> {
