@@ -74,8 +74,9 @@ pub enum Cause {
 }
 
 // Failed moves and their rebuilds (`stock.move_repair_gap_ms`): a take or give whose
-// outcome is unknown (a timeout, a cut connection) may have moved units no give brought
-// home, and only a rebuild counts them back; but while Redis keeps timing out, every
+// outcome is unknown (a timeout, a cut connection), or one no replica acknowledged, may
+// have moved units no give brought home (or that a failover takes away again), and only a
+// rebuild counts them back; but while Redis keeps timing out, every
 // failed move would start another rebuild as soon as the last one ended, each making the
 // activity UNAVAILABLE while it runs. So a failed move within the gap of the last such
 // rebuild waits for the gap to pass, and every failure meanwhile joins that one rebuild.

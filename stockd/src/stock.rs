@@ -637,7 +637,8 @@ impl App {
             }
         }
         // The caller looks at the shards next and may mark the item sold out: this
-        // round's own records must be gone first.
+        // round's own records must be gone first (those of gives on no replica yet stay
+        // to their deadline, and hold the mark back).
         for settle in settles {
             let _ = settle.await;
         }
@@ -655,7 +656,8 @@ impl App {
     /// A move errs on the side of losing units, never of creating them: units taken
     /// but not given are held back until a rebuild counts them again from MySQL, so
     /// every way a move can end without its give (the take not on a replica, a take or
-    /// give whose outcome is unknown) starts one.
+    /// give whose outcome is unknown) starts one, and so does a give on no replica yet
+    /// (a failover could still lose it).
     async fn move_units(
         self: Arc<Self>,
         entry: Arc<ActivityEntry>,

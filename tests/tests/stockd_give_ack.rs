@@ -111,11 +111,6 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     let e = r.expect_err("the carried buyer is held back by the fail point");
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     assert!(takes(&h) > before, "no move");
-    assert_eq!(
-        look_at(&redis, a, home, s).await.0,
-        i64::from(UNITS),
-        "the units are on the home master"
-    );
 
     // The master dies before its replica has the give; the replica takes over.
     tokio::task::block_in_place(|| cluster.kill(home_master));
@@ -127,8 +122,10 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     // The old master comes back as the new one's replica (reservations wait for one).
     tokio::task::block_in_place(|| cluster.restart(home_master));
 
-    // The units are counted again (the rebuild the unacknowledged give started) and
-    // none is created: the shards hold them all, once, and no record of units in
+    // The units are counted again and none is created. (The rebuild the unacknowledged
+    // give asked for usually opens the shards before the kill, its open on no replica;
+    // the promoted replica is then under the older epoch, which this stockd takes for
+    // lost writes, and it rebuilds once more.) the shards hold them all, once, and no record of units in
     // transit is left once the move's expires (the rebuild's counts include the units
     // the record names, so until then a look counts them twice, toward "not sold out").
     // (A client of the new topology: the harness's does not reconnect.)
