@@ -122,13 +122,14 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     // The old master comes back as the new one's replica (reservations wait for one).
     tokio::task::block_in_place(|| cluster.restart(home_master));
 
-    // The units are counted again and none is created. (The rebuild the unacknowledged
-    // give asked for usually opens the shards before the kill, its open on no replica;
-    // the promoted replica is then under the older epoch, which this stockd takes for
-    // lost writes, and it rebuilds once more.) the shards hold them all, once, and no record of units in
-    // transit is left once the move's expires (the rebuild's counts include the units
-    // the record names, so until then a look counts them twice, toward "not sold out").
-    // (A client of the new topology: the harness's does not reconnect.)
+    // The units are counted again and none is created: the shards hold them all, once,
+    // and no record of units in transit is left once the move's expires (the rebuild's
+    // counts include the units the record names, so until then a look counts them
+    // twice, toward "not sold out"). The rebuild the unacknowledged give asked for
+    // usually opens the shards before the kill, its open on no replica; the promoted
+    // replica is then under the older epoch, which this stockd takes for lost writes,
+    // and it rebuilds once more. (A client of the new topology: the harness's does not
+    // reconnect.)
     let redis = cluster.client().await;
     let until = Instant::now() + Duration::from_secs(30);
     let mut seen = units_and_transit(&redis, a, s).await;
