@@ -30,6 +30,9 @@ pub struct App {
     /// Published activities on a cluster this process is not configured with (logged
     /// once each, left out of the catalog).
     pub unplaced: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Items whose sold-out clear no replica acknowledged, being sent again
+    /// (`crate::clear`): one task per item.
+    pub clears: Arc<std::sync::Mutex<std::collections::HashSet<(u64, u64)>>>,
 }
 
 impl App {
@@ -50,6 +53,7 @@ impl App {
             metrics,
             catalog: Catalog::default(),
             unplaced: Default::default(),
+            clears: Default::default(),
             shutdown,
         })
     }

@@ -12,7 +12,8 @@
 //!   [`mover`]: one rebalancing move at a time per item and home shard; [`transit`]:
 //!   units between a take and a give hold the sold-out mark back.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
-//!   rebalancing, sold-out), [`recompute`] (rebuild from MySQL, lost-reservation
+//!   rebalancing, sold-out), [`clear`] (the sold-out clear, sent again until a replica
+//!   holds it), [`recompute`] (rebuild from MySQL, lost-reservation
 //!   accounting, start-up check), [`fence`] (the periodic fence check, flat in the
 //!   number of activities), [`lease`] (one rebuilder per activity
 //!   across a fleet) and [`admin`] (create, publish, status, reconcile, bans).
@@ -24,6 +25,7 @@ pub mod admin;
 pub mod app;
 pub mod batch;
 pub mod catalog;
+pub mod clear;
 pub mod config;
 pub mod db;
 pub mod domain;

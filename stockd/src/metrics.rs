@@ -129,6 +129,10 @@ pub struct Metrics {
     /// set no sold-out flag, because units were between a take and a give, moved
     /// during the look, or the look's reads spread too wide (`crate::transit`).
     pub sold_out_marks_refused: IntCounter,
+    /// `stockd_sold_out_clears_unacked_total`: sold-out clears no replica acknowledged
+    /// in time (`redis.replica_acks` > 0). Each is sent again in the background while
+    /// the item still has units, until a replica holds one (`Stock::clear_sold_out`).
+    pub sold_out_clears_unacked: IntCounter,
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
     pub lost_writes: IntCounter,
@@ -251,6 +255,12 @@ impl Metrics {
             "Looks at every shard that found them empty but set no sold-out flag: units \
              were moving between shards, moved during the look, or the look's reads \
              spread over more than a second",
+        )
+        .expect("valid metric");
+        let sold_out_clears_unacked = IntCounter::new(
+            "stockd_sold_out_clears_unacked_total",
+            "Sold-out clears no replica acknowledged in time, each sent again in the \
+             background while the item has units until a replica holds one",
         )
         .expect("valid metric");
         let gave_up = IntCounter::new(
@@ -380,6 +390,7 @@ impl Metrics {
             Box::new(move_repairs.clone()),
             Box::new(gave_up.clone()),
             Box::new(sold_out_marks_refused.clone()),
+            Box::new(sold_out_clears_unacked.clone()),
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
@@ -420,6 +431,7 @@ impl Metrics {
             move_repairs,
             gave_up,
             sold_out_marks_refused,
+            sold_out_clears_unacked,
             lost_writes,
             lost_reservations,
             rebalance_units,

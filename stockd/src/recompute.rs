@@ -494,7 +494,10 @@ impl App {
             // one later (that failover) is taken for lost writes, not served.
             entry.saw(i, &epoch, 0, false);
         }
-        for (r, changes) in report.iter().zip(changes) {
+        // Every item at once: each clear waits for a replica (`crate::clear`), and the
+        // ack lane sends the calls of one master together with one `WAIT`, so an
+        // activity of many items costs one wait, not one per item.
+        let flags = report.iter().zip(changes).map(|(r, changes)| async move {
             if r.stock == 0 {
                 // No look at the records of units in transit: the counts written come
                 // from MySQL and include them, and a give from before the rebuild is
@@ -506,10 +509,12 @@ impl App {
                     tracing::info!(activity = a, item = r.item,
                         "rebuilt with no units left, but units came back meanwhile: sold-out flag not set yet");
                 }
+                Ok(())
             } else {
-                self.clear_sold_out(a, r.item).await?;
+                self.clear_sold_out(a, r.item).await
             }
-        }
+        });
+        futures::future::try_join_all(flags).await?;
         self.write_meta(&entry.activity).await?;
         lease.release().await;
         tracing::info!(activity = a, token, epoch, items = ?report, "recomputed from MySQL");

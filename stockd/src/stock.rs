@@ -29,8 +29,8 @@ use futures::future::Either;
 use tokio::sync::oneshot;
 
 use seckill_lua::calls::{
-    GiveCall, Given, LookCall, Marked, ReleaseCall, Released, SoldOutClearCall, SoldOutMarkCall,
-    TakeAt, TakeCall, Taken,
+    GiveCall, Given, LookCall, Marked, ReleaseCall, Released, SoldOutMarkCall, TakeAt, TakeCall,
+    Taken,
 };
 use seckill_lua::clock::now_ms;
 use seckill_lua::keys;
@@ -951,27 +951,6 @@ impl App {
             }
             None => Err(Error::Internal(format!("sold-out mark answered {reply}"))),
         }
-    }
-
-    /// Clears the sold-out key (and counts the change: a mark decided from a look
-    /// before it is refused) and announces it when this call cleared it.
-    pub(crate) async fn clear_sold_out(&self, a: u64, s: u64) -> Result<()> {
-        let redis = self.redis_at(a).await?;
-        if int(&redis.call(SoldOutClearCall::new(a, s)).await?)? > 0 {
-            tracing::info!(a, s, "back in stock");
-            redis
-                .publish(
-                    keys::SOLD_OUT_CHANNEL,
-                    SoldOut {
-                        activity: a,
-                        item: s,
-                        sold_out: false,
-                    }
-                    .encode(),
-                )
-                .await?;
-        }
-        Ok(())
     }
 
     /// Units per shard (a missing key counts as 0).

@@ -310,6 +310,29 @@ impl RedisCluster {
         cli(port, args)
     }
 
+    /// Waits (up to 10 s) until every replica of `master` has everything `master`
+    /// wrote: in its `INFO replication`, each `slaveN:...,offset=N,...` line reaches
+    /// `master_repl_offset`. Blocks the thread (call it in `block_in_place`).
+    pub fn wait_replicas_caught_up(&self, master: u16) {
+        wait_until("the replicas caught up", Duration::from_secs(10), || {
+            let info = self.cli_at(master, &["INFO", "replication"]);
+            let own = info
+                .lines()
+                .find_map(|l| l.strip_prefix("master_repl_offset:"))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let replicas: Vec<Option<u64>> = info
+                .lines()
+                .filter(|l| l.starts_with("slave") && l.contains("offset="))
+                .map(|l| {
+                    l.split(',')
+                        .find_map(|kv| kv.strip_prefix("offset="))
+                        .and_then(|v| v.trim().parse().ok())
+                })
+                .collect();
+            own.is_some() && !replicas.is_empty() && replicas.iter().all(|&o| o == own)
+        });
+    }
+
     /// `GET key` on the node at `port` after `READONLY`, so a replica answers from its
     /// own copy instead of redirecting: `None` when the key is missing there. Panics when
     /// the node neither serves nor replicates the key's slot.

@@ -456,6 +456,35 @@ pub async fn reserve_retrying_busy(
     }
 }
 
+/// [`reserve`] across a failover: UNAVAILABLE (a shard being rebuilt, a master that
+/// has no replica again yet) is sent again with the same request id every 100 ms, for up
+/// to 20 s; any other answer is returned, and the last UNAVAILABLE after that.
+pub async fn reserve_after_failover(
+    c: &mut StockClient,
+    activity: u64,
+    item: u64,
+    user: &str,
+    request: &str,
+) -> Result<pb::ReserveResponse, tonic::Status> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match reserve(c, activity, item, user, request).await {
+            Err(e) if e.code() == tonic::Code::Unavailable && std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The failover tests' stockd settings: every write waits for one replica, which is
+/// given up on after 100 ms (a stalled replica shows at once), within a 1 s deadline.
+pub fn replica_acked(c: &mut stockd::Config) {
+    c.redis.replica_acks = 1;
+    c.redis.replica_ack_timeout_ms = 100;
+    c.redis.timeout_ms = 1000;
+}
+
 /// One entry of a `ReserveBatch` or `ReserveStream` message (no trace, no tag, no
 /// timeout; `quantity` 0 means 1).
 pub fn batch_entry(

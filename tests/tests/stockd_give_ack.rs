@@ -21,7 +21,8 @@ use seckill_lua::keys;
 use seckill_proto::pb::ReserveOutcome;
 use seckill_tests::redis::{user_on_shard, Persistence};
 use seckill_tests::stockd::{
-    create_published_activity, look_at, reserve, set_shard_stock, spawn_stockd, takes,
+    create_published_activity, look_at, replica_acked, reserve, reserve_after_failover,
+    set_shard_stock, spawn_stockd, takes,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
@@ -29,28 +30,6 @@ const HOUR: Duration = Duration::from_secs(3600);
 const SHARDS: u32 = 8;
 const UNITS: u32 = 2;
 const CARRIED: &str = "stockd::reserve::carried";
-
-/// Waits until every replica of `master` has everything `master` wrote: in its `INFO
-/// replication`, each `slaveN:...,offset=N,...` line reaches `master_repl_offset`.
-fn replicas_caught_up(cluster: &RedisCluster, master: u16) {
-    seckill_tests::process::wait_until("the replicas caught up", Duration::from_secs(10), || {
-        let info = cluster.cli_at(master, &["INFO", "replication"]);
-        let own = info
-            .lines()
-            .find_map(|l| l.strip_prefix("master_repl_offset:"))
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let replicas: Vec<Option<u64>> = info
-            .lines()
-            .filter(|l| l.starts_with("slave") && l.contains("offset="))
-            .map(|l| {
-                l.split(',')
-                    .find_map(|kv| kv.strip_prefix("offset="))
-                    .and_then(|v| v.trim().parse().ok())
-            })
-            .collect();
-        own.is_some() && !replicas.is_empty() && replicas.iter().all(|&o| o == own)
-    });
-}
 
 /// Units on every shard of `(a, s)`, and units in transit.
 async fn units_and_transit(redis: &fred::clients::Client, a: u64, s: u64) -> (i64, i64) {
@@ -69,9 +48,7 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
     let db = TestDb::create().await;
     let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
-        c.redis.replica_acks = 1;
-        c.redis.replica_ack_timeout_ms = 100;
-        c.redis.timeout_ms = 1000;
+        replica_acked(c);
         c.stock.rebalance_batch = UNITS;
     })
     .await;
@@ -95,7 +72,7 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     stock[donor as usize] = i64::from(UNITS);
     set_shard_stock(&redis, a, s, &stock).await;
     for m in [home_master, master_of(donor)] {
-        tokio::task::block_in_place(|| replicas_caught_up(&cluster, m));
+        tokio::task::block_in_place(|| cluster.wait_replicas_caught_up(m));
     }
 
     // The home master's replica stops, and its link is cut: what the master writes from
@@ -149,15 +126,9 @@ async fn a_give_no_replica_acknowledged_is_counted_again_after_a_failover() {
     let mut answer = None;
     for n in 0..(UNITS + 4) {
         let user = user_on_shard(&format!("after-{n}"), n % SHARDS, SHARDS);
-        let until = Instant::now() + Duration::from_secs(20);
-        let outcome = loop {
-            match reserve(&mut c, a, s, &user, "r").await {
-                Ok(r) => break r.outcome(),
-                Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < until => {
-                    tokio::time::sleep(Duration::from_millis(100)).await
-                }
-                Err(e) => panic!("{user}: {e:?}"),
-            }
+        let outcome = match reserve_after_failover(&mut c, a, s, &user, "r").await {
+            Ok(r) => r.outcome(),
+            Err(e) => panic!("{user}: {e:?}"),
         };
         match outcome {
             ReserveOutcome::Reserved => reserved += 1,
