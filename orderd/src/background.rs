@@ -147,12 +147,12 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         .map_err(|_| Error::Internal(format!("outbox order id {:?}", row.order_id)))?;
     let reason = ReturnReason::parse(&row.reason)
         .ok_or_else(|| Error::Internal(format!("outbox reason {:?}", row.reason)))?;
-    let (outcome, replicated) = redis
+    let (outcome, mut replicated) = redis
         .release(&rid, &row.user_id, reason.returns_unit())
         .await?;
     let done = match outcome {
         Release::Released { .. } if reason.returns_unit() => {
-            redis.clear_sold_out(row.activity_id, row.item_id).await?;
+            replicated &= redis.clear_sold_out(row.activity_id, row.item_id).await?;
             Ok("released")
         }
         Release::Released { .. } => Ok("buyer_dropped"),
@@ -165,7 +165,7 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         // every pass would clear the flag again and send buyers of a sold-out item on
         // to stockd.
         Release::NotHeld if reason.returns_unit() && replicated => {
-            redis.clear_sold_out(row.activity_id, row.item_id).await?;
+            replicated &= redis.clear_sold_out(row.activity_id, row.item_id).await?;
             Ok("not_held")
         }
         Release::NotHeld => Ok("not_held"),
@@ -177,7 +177,9 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         Release::Closed => Err(Error::ShardClosed(rid.to_string())),
     }?;
     // A released unit's flag is cleared already (the unit is for sale on the master
-    // now); the row is done only once a replica holds the release. `CLOSED` wrote
+    // now); the row is done only once a replica holds the release and the clear (a
+    // clear on the master alone comes undone in a failover, and with it the flag is
+    // back: the next pass's release answers NOT_HELD and clears again). `CLOSED` wrote
     // nothing.
     if !replicated && !matches!(outcome, Release::Closed) {
         return Err(Error::Unreplicated(rid.to_string()));

@@ -148,20 +148,8 @@ impl Redis {
         return_unit: bool,
     ) -> Result<(Release, bool)> {
         let call = ReleaseCall::new(rid, user, return_unit);
-        let (value, replicated) = match &self.acks {
-            None => (self.call(call).await?, true),
-            Some(acks) => {
-                let fence = keys::fence(rid.activity, rid.shard);
-                tokio::time::timeout(self.ack_deadline, acks.call_script(call, &fence))
-                    .await
-                    .map_err(|_| {
-                        fred::error::Error::new(
-                            fred::error::ErrorKind::Timeout,
-                            "release and WAIT timed out",
-                        )
-                    })??
-            }
-        };
+        let fence = keys::fence(rid.activity, rid.shard);
+        let (value, replicated) = self.call_acked(call, &fence, "release").await?;
         let reply = value.into_array();
         let outcome = reply
             .first()
@@ -174,11 +162,44 @@ impl Redis {
             .ok_or_else(|| Error::Internal(format!("release answered {outcome:?}")))
     }
 
+    /// `call` and, with `redis.replica_acks` > 0, its `WAIT` on the connection that
+    /// carried it (`slot_key` names the slot), within the ack deadline: the script's
+    /// answer and whether the replicas hold it (always true without acks).
+    async fn call_acked<C: Call>(
+        &self,
+        call: C,
+        slot_key: &str,
+        what: &'static str,
+    ) -> Result<(Value, bool)> {
+        let Some(acks) = &self.acks else {
+            return Ok((self.call(call).await?, true));
+        };
+        Ok(
+            tokio::time::timeout(self.ack_deadline, acks.call_script(call, slot_key))
+                .await
+                .map_err(|_| {
+                    fred::error::Error::new(
+                        fred::error::ErrorKind::Timeout,
+                        format!("{what} and WAIT timed out"),
+                    )
+                })??,
+        )
+    }
+
     /// Units came back: clear the sold-out flag of `(a, s)` and announce it. The clear
     /// counts a change (`scripts/soldout_clear.lua`), so a stockd's sold-out mark decided
-    /// from a look taken before this unit came back is refused.
-    pub async fn clear_sold_out(&self, a: ActivityId, s: ItemId) -> Result<()> {
-        self.call(SoldOutClearCall::new(a, s)).await?;
+    /// from a look taken before this unit came back is refused. Answers whether
+    /// `redis.replica_acks` replicas hold the clear: one on the master alone is lost to a
+    /// failover (the flag back, the change count back), so the relay keeps its row
+    /// until a pass's clear is acknowledged.
+    pub async fn clear_sold_out(&self, a: ActivityId, s: ItemId) -> Result<bool> {
+        let (_, replicated) = self
+            .call_acked(
+                SoldOutClearCall::new(a, s),
+                &keys::changes(a, s),
+                "sold-out clear",
+            )
+            .await?;
         let msg = SoldOut {
             activity: a,
             item: s,
@@ -188,7 +209,7 @@ impl Redis {
             .client
             .publish(keys::SOLD_OUT_CHANNEL, msg.encode())
             .await?;
-        Ok(())
+        Ok(replicated)
     }
 
     /// The reservation id the buyer record of `user` names and the units it holds,

@@ -19,7 +19,7 @@ use seckill_tests::orderd::{
     mysql_stock, reserve_direct, seed_activity, spawn_orderd, wait_orders, OrderdHandle,
 };
 use seckill_tests::process::{wait_until, wait_until_async};
-use seckill_tests::redis::Persistence;
+use seckill_tests::redis::{user_on_shard, Persistence};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 /// How long the replica is stopped: the cancel, the relay's release and the kill of the
@@ -267,6 +267,104 @@ async fn a_retried_return_on_a_new_connection_waits_for_the_replica_too() {
             && orderd.metrics.stock_return_oldest_pending_seconds.get() == 0.0
     })
     .await;
+}
+
+/// The relay's sold-out clear waits for a replica too. A cancelled unit of a sold-out
+/// item comes back with two writes on two masters: the release on its shard's master,
+/// and the clear of the flag (and a raise of the change count) on the activity's own.
+/// Here the activity master's replica stalls and loses its link, the release is
+/// acknowledged by its own shard's replica, and the clear lands on the activity master
+/// alone, which dies. The promoted replica still has the flag, hiding the unit from the
+/// buyers of every other home shard. The row stays pending until a pass's clear is
+/// acknowledged: the next pass answers NOT_HELD and clears again on the new master. With
+/// the clear unacknowledged the row was done after the first pass, and the flag stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sold_out_clear_no_replica_acknowledged_is_made_again_after_a_failover_loses_it() {
+    const SHARDS: u32 = 8;
+    init_tracing();
+    let mut cluster = RedisCluster::start_replicated(3, 1, Persistence::None);
+    let db = TestDb::create().await;
+    let redis = cluster.client().await;
+    let seeded = seed_activity(&redis, &db, SHARDS, &[(SHARDS, 100)]).await;
+    let (a, s) = (seeded.activity, seeded.items[0]);
+    let flag = keys::sold_out(a, s);
+    let central = cluster.master_of_key(&keys::changes(a, s));
+    let home = (0..SHARDS)
+        .find(|&i| cluster.master_of_key(&keys::stock(a, i, s)) != central)
+        .expect("a shard off the activity's master");
+    let user = user_on_shard("carol", home, SHARDS);
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    let r = reserve_direct(&redis, a, s, SHARDS, &user, "req").await;
+    assert_eq!(r.outcome, "RESERVED");
+    wait_orders(&db, 1, Duration::from_secs(30)).await;
+    // The item is marked sold out (as stockd would mark it), on the replica too.
+    assert_eq!(cluster.cli_at(central, &["SET", &flag, "1"]).trim(), "OK");
+    tokio::task::block_in_place(|| cluster.wait_replicas_caught_up(central));
+
+    // The activity master's replica stalls and loses its link; the buyer cancels.
+    let replica = cluster.replicas_of(central)[0];
+    let stalled_at = Instant::now();
+    let stall = cluster.stall(replica, STALL_MS);
+    cluster.cli_at(central, &["CLIENT", "KILL", "TYPE", "replica"]);
+    let done = orderd.cancel(&r.rid, &user).await.unwrap();
+    assert_eq!(done.outcome(), ChangeOutcome::Applied);
+    unacknowledged(
+        &orderd,
+        "the relay cleared the flag on the master and no replica acknowledged it",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(
+        cluster.get_on(central, &flag),
+        None,
+        "the clear reached the master"
+    );
+    // orderd stops, so nothing clears again before the failover is looked at.
+    orderd.stop().await.unwrap();
+    assert!(
+        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 1000),
+        "the replica must still be stopped when its master dies"
+    );
+
+    // The master dies; the lagging replica takes over with the flag still set.
+    tokio::task::block_in_place(|| cluster.kill(central));
+    let promoted =
+        tokio::task::block_in_place(|| cluster.wait_for_failover(central, Duration::from_secs(40)));
+    assert_eq!(promoted, replica, "the lagging replica took over");
+    stall.join();
+    assert_eq!(
+        cluster.get_on(promoted, &flag).as_deref(),
+        Some("1"),
+        "the failover lost the clear (else this test proves nothing)"
+    );
+    assert_eq!(
+        pending_returns(&db).await,
+        1,
+        "the return whose clear no replica acknowledged is still pending"
+    );
+
+    // orderd again, and the old master back as the new one's replica: the row is done
+    // once a replica holds a clear, and the flag is gone from the new master.
+    let orderd = spawn_orderd(&Deps::new(&cluster, &db), acked).await;
+    tokio::task::block_in_place(|| cluster.restart(central));
+    wait_until_async("the return is done", Duration::from_secs(30), || async {
+        pending_returns(&db).await == 0
+    })
+    .await;
+    assert_eq!(cluster.master_of(central), promoted);
+    for node in [promoted, central] {
+        assert_eq!(
+            cluster.get_on(node, &flag),
+            None,
+            "the flag is cleared on {node}, master and replica"
+        );
+    }
+    assert_eq!(
+        not_held(&orderd),
+        1,
+        "the second pass found the release done"
+    );
+    assert_eq!(mysql_stock(&db, s).await, i64::from(SHARDS));
 }
 
 async fn pending_returns(db: &TestDb) -> i64 {
