@@ -161,9 +161,11 @@ async fn relay_row(redis: &Redis, row: &OutboxRow) -> Result<&'static str> {
         // the flag is idempotent and, when the item is sold out after all, costs one
         // reserve that sets it again; a flag left set after a unit came back would hide
         // that unit from every buyer but those homed on its shard.
-        // Only once a replica holds the state it read: while a master has no replica
-        // every pass would clear the flag again and send buyers of a sold-out item on
-        // to stockd.
+        // Only once a replica holds the state it read: while the shard's master has no
+        // replica every pass would clear the flag again and send buyers of a sold-out
+        // item on to stockd. (While the activity's master has none, the clear itself is
+        // unacknowledged and the row stays pending: each pass clears again until a
+        // replica holds a clear. That errs toward "not sold out", never hides a unit.)
         Release::NotHeld if reason.returns_unit() && replicated => {
             replicated &= redis.clear_sold_out(row.activity_id, row.item_id).await?;
             Ok("not_held")

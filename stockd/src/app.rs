@@ -32,7 +32,7 @@ pub struct App {
     pub unplaced: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Items whose sold-out clear no replica acknowledged, being sent again
     /// (`crate::clear`): one task per item.
-    pub clears: Arc<std::sync::Mutex<std::collections::HashSet<(u64, u64)>>>,
+    pub clears: crate::clear::Pending,
 }
 
 impl App {

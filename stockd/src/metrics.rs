@@ -130,9 +130,14 @@ pub struct Metrics {
     /// during the look, or the look's reads spread too wide (`crate::transit`).
     pub sold_out_marks_refused: IntCounter,
     /// `stockd_sold_out_clears_unacked_total`: sold-out clears no replica acknowledged
-    /// in time (`redis.replica_acks` > 0). Each is sent again in the background while
-    /// the item still has units, until a replica holds one (`Stock::clear_sold_out`).
+    /// in time (`redis.replica_acks` > 0), or that failed. Each is sent again in the
+    /// background while the item still has units, until a replica holds one
+    /// (`App::clear_sold_out`, `crate::clear`).
     pub sold_out_clears_unacked: IntCounter,
+    /// `stockd_sold_out_flags_back_total`: clears sent again that found the flag set
+    /// while the item had units: a failover lost the first clear (or a mark raced the
+    /// look before the send).
+    pub sold_out_flags_back: IntCounter,
     /// `stockd_lost_writes_total`: times a shard's sequence was found below one
     /// already handed out (Redis lost writes; a recompute follows).
     pub lost_writes: IntCounter,
@@ -259,8 +264,14 @@ impl Metrics {
         .expect("valid metric");
         let sold_out_clears_unacked = IntCounter::new(
             "stockd_sold_out_clears_unacked_total",
-            "Sold-out clears no replica acknowledged in time, each sent again in the \
-             background while the item has units until a replica holds one",
+            "Sold-out clears no replica acknowledged in time (or that failed), each sent \
+             again in the background while the item has units until a replica holds one",
+        )
+        .expect("valid metric");
+        let sold_out_flags_back = IntCounter::new(
+            "stockd_sold_out_flags_back_total",
+            "Sold-out clears sent again that found the flag set while the item had units \
+             (a failover lost the first clear)",
         )
         .expect("valid metric");
         let gave_up = IntCounter::new(
@@ -391,6 +402,7 @@ impl Metrics {
             Box::new(gave_up.clone()),
             Box::new(sold_out_marks_refused.clone()),
             Box::new(sold_out_clears_unacked.clone()),
+            Box::new(sold_out_flags_back.clone()),
             Box::new(lost_writes.clone()),
             Box::new(lost_reservations.clone()),
             Box::new(rebalance_units.clone()),
@@ -432,6 +444,7 @@ impl Metrics {
             gave_up,
             sold_out_marks_refused,
             sold_out_clears_unacked,
+            sold_out_flags_back,
             lost_writes,
             lost_reservations,
             rebalance_units,

@@ -49,6 +49,9 @@ use crate::error::{Error, Result};
 use crate::redis::int;
 use crate::shard::HighWater;
 
+/// Items whose sold-out flag a rebuild sets or clears at once.
+const FLAGS_AT_ONCE: usize = 32;
+
 /// What a recompute found and wrote, per item.
 #[derive(Debug, Clone, Default)]
 pub struct Rebuilt {
@@ -494,27 +497,39 @@ impl App {
             // one later (that failover) is taken for lost writes, not served.
             entry.saw(i, &epoch, 0, false);
         }
-        // Every item at once: each clear waits for a replica (`crate::clear`), and the
-        // ack lane sends the calls of one master together with one `WAIT`, so an
-        // activity of many items costs one wait, not one per item.
-        let flags = report.iter().zip(changes).map(|(r, changes)| async move {
-            if r.stock == 0 {
-                // No look at the records of units in transit: the counts written come
-                // from MySQL and include them, and a give from before the rebuild is
-                // refused (the home shard's epoch changed). Refused when the change
-                // count moved since it was read (a release on a shard reopened
-                // meanwhile): the look that follows every rebuild
-                // (`Self::look_after_rebuild`) tries again.
-                if !self.mark_sold_out_settled(a, r.item, changes).await? {
-                    tracing::info!(activity = a, item = r.item,
-                        "rebuilt with no units left, but units came back meanwhile: sold-out flag not set yet");
+        // Several items at once: each clear waits for a replica (`crate::clear`), and
+        // the ack lane sends the calls ready on one master together with one `WAIT`, so
+        // an activity of many items costs a few waits, not one per item. Every item is
+        // tried; the first error is returned after all of them.
+        let items: Vec<_> = report.iter().zip(changes).collect();
+        let mut first_error = None;
+        for chunk in items.chunks(FLAGS_AT_ONCE) {
+            let flags = chunk.iter().map(|(r, changes)| async move {
+                if r.stock == 0 {
+                    // No look at the records of units in transit: the counts written
+                    // come from MySQL and include them, and a give from before the
+                    // rebuild is refused (the home shard's epoch changed). Refused when
+                    // the change count moved since it was read (a release on a shard
+                    // reopened meanwhile): the look that follows every rebuild
+                    // (`Self::look_after_rebuild`) tries again.
+                    if !self.mark_sold_out_settled(a, r.item, changes.clone()).await? {
+                        tracing::info!(activity = a, item = r.item,
+                            "rebuilt with no units left, but units came back meanwhile: sold-out flag not set yet");
+                    }
+                    Ok(())
+                } else {
+                    self.clear_sold_out(a, r.item).await
                 }
-                Ok(())
-            } else {
-                self.clear_sold_out(a, r.item).await
+            });
+            for done in futures::future::join_all(flags).await {
+                if let Err(e) = done {
+                    first_error.get_or_insert(e);
+                }
             }
-        });
-        futures::future::try_join_all(flags).await?;
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
         self.write_meta(&entry.activity).await?;
         lease.release().await;
         tracing::info!(activity = a, token, epoch, items = ?report, "recomputed from MySQL");

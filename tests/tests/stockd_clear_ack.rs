@@ -25,6 +25,9 @@ use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const SHARDS: u32 = 8;
+/// How long the replica is stopped: the release and the kill of the master happen
+/// within it.
+const STALL_MS: u64 = 4000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sold_out_clear_no_replica_acknowledged_survives_a_failover() {
@@ -64,7 +67,8 @@ async fn a_sold_out_clear_no_replica_acknowledged_survives_a_failover() {
     // The activity master's replica stops, and its link is cut: what the master writes
     // from now on reaches no replica before it dies.
     let replica = cluster.replicas_of(central)[0];
-    let stall = cluster.stall(replica, 2500);
+    let stalled_at = Instant::now();
+    let stall = cluster.stall(replica, STALL_MS);
     cluster.cli_at(central, &["CLIENT", "KILL", "TYPE", "replica"]);
     let released = c
         .release(pb::ReleaseRequest {
@@ -87,6 +91,10 @@ async fn a_sold_out_clear_no_replica_acknowledged_survives_a_failover() {
 
     // The master dies before its replica has the clear; the replica takes over, and the
     // old master comes back as its replica.
+    assert!(
+        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 1000),
+        "the replica must still be stopped when its master dies"
+    );
     tokio::task::block_in_place(|| cluster.kill(central));
     let promoted =
         tokio::task::block_in_place(|| cluster.wait_for_failover(central, Duration::from_secs(40)));
@@ -105,6 +113,11 @@ async fn a_sold_out_clear_no_replica_acknowledged_survives_a_failover() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        h.metrics.sold_out_flags_back.get() >= 1,
+        "no clear sent again found the flag back: the failover did not lose the clear, \
+         and this test proved nothing"
+    );
     let next = user_on_shard("next", home, SHARDS);
     let r = reserve_after_failover(&mut c, a, s, &next, "r")
         .await
