@@ -239,12 +239,18 @@ async fn held_in_flight(fleet: bool) -> usize {
         buyers.push((i % 2, jwt, t));
     }
     proxy.pause();
+    // Each buyer sends again on every refusal (429) until `stop`. An admitted call is held
+    // at the paused proxy and cannot be answered before `proxy.resume()` (its deadline is
+    // 30 s), so the calls still open once the refusals have stopped coming back are the
+    // admitted ones. No timeout decides it: on a starved machine a refusal may take
+    // seconds, and it would have been counted as admitted.
     let stop = Arc::new(AtomicBool::new(false));
-    let held = Arc::new(AtomicUsize::new(0));
+    let (open, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let gws = Arc::new(gws);
     let mut tasks = tokio::task::JoinSet::new();
     for (g, jwt, t) in buyers {
-        let (gws, stop, held) = (gws.clone(), stop.clone(), held.clone());
+        let (gws, stop) = (gws.clone(), stop.clone());
+        let (open, answered) = (open.clone(), answered.clone());
         tasks.spawn(async move {
             let url = format!(
                 "{}/api/v1/activities/{a}/items/{item}/reserve",
@@ -252,37 +258,43 @@ async fn held_in_flight(fleet: bool) -> usize {
             );
             let http = reqwest::Client::new();
             while !stop.load(Ordering::Relaxed) {
-                let send = http
+                open.fetch_add(1, Ordering::SeqCst);
+                let r = http
                     .post(&url)
                     .bearer_auth(&jwt)
                     .json(&serde_json::json!({"purchase_token": t}))
-                    .send();
-                // An answer within two seconds is a refusal; a call still open after
-                // that is held at the paused proxy: admitted.
-                match tokio::time::timeout(Duration::from_secs(2), send).await {
-                    Ok(Ok(r)) => {
-                        assert_eq!(
-                            r.status().as_u16(),
-                            429,
-                            "{}",
-                            r.text().await.unwrap_or_default()
-                        );
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Ok(Err(e)) => panic!("request: {e}"),
-                    Err(_) => {
-                        held.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("request: {e}"));
+                open.fetch_sub(1, Ordering::SeqCst);
+                answered.fetch_add(1, Ordering::SeqCst);
+                let status = r.status().as_u16();
+                if status == 202 {
+                    // Admitted and answered once the proxy resumed.
+                    return;
                 }
+                assert_eq!(status, 429, "{}", r.text().await.unwrap_or_default());
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         });
     }
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop.store(true, Ordering::Relaxed);
-    while tasks.join_next().await.is_some() {}
-    let n = held.load(Ordering::Relaxed);
+    // The refusals still on their way come back; the open calls then stand still.
+    let mut last = (answered.load(Ordering::SeqCst), std::time::Instant::now());
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    while last.1.elapsed() < Duration::from_secs(2) && std::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = answered.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        }
+    }
+    let n = open.load(Ordering::SeqCst);
     proxy.resume();
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a buyer's task");
+    }
     n
 }
 
