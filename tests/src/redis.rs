@@ -436,6 +436,7 @@ impl RedisCluster {
         });
         Stall {
             thread: Some(thread),
+            until: std::time::Instant::now() + Duration::from_millis(ms),
         }
     }
 
@@ -463,6 +464,22 @@ impl RedisCluster {
             child,
             reader: Some(reader),
         }
+    }
+
+    /// The failover to a lagging replica: kills `master` while `stall` still stops its
+    /// replica `replica` (a second of it left at least, asserted, so nothing the master
+    /// wrote meanwhile reached it), waits up to 40 s for the failover, asserts that
+    /// `replica` took over, and waits out the stall. Blocks the thread (call it in
+    /// `block_in_place`).
+    pub fn fail_over_to_stalled_replica(&mut self, master: u16, replica: u16, stall: Stall) {
+        assert!(
+            stall.until > std::time::Instant::now() + Duration::from_secs(1),
+            "the replica must still be stopped when its master dies"
+        );
+        self.kill(master);
+        let promoted = self.wait_for_failover(master, Duration::from_secs(40));
+        assert_eq!(promoted, replica, "the lagging replica took over");
+        stall.join();
     }
 
     /// Waits until another node serves every slot `old_master` served (the slots it held
@@ -777,6 +794,8 @@ impl RedisCluster {
 #[derive(Debug)]
 pub struct Stall {
     thread: Option<JoinHandle<()>>,
+    /// When the node stops resuming.
+    until: std::time::Instant,
 }
 
 impl Stall {

@@ -127,7 +127,6 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
 
     // The replica stalls and loses its link; bob cancels; the release reaches the master
     // only, and the relay's WAIT times out.
-    let stalled_at = Instant::now();
     let stall = cluster.stall(replica, STALL_MS);
     cluster.cli_at(master, &["CLIENT", "KILL", "TYPE", "replica"]);
     cancel(&orderd, &rid).await;
@@ -140,17 +139,10 @@ async fn a_return_no_replica_acknowledged_is_released_again_after_a_failover_los
     assert_eq!(cluster.get_on(master, &stock_key).as_deref(), Some("5"));
     // orderd stops, so nothing releases again before the failover is looked at.
     orderd.stop().await.unwrap();
-    assert!(
-        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 1000),
-        "the replica must still be stopped when its master dies"
-    );
 
     // The master dies; the lagging replica takes over without the release.
-    tokio::task::block_in_place(|| cluster.kill(master));
-    let promoted =
-        tokio::task::block_in_place(|| cluster.wait_for_failover(master, Duration::from_secs(40)));
-    assert_eq!(promoted, replica, "the lagging replica took over");
-    stall.join();
+    tokio::task::block_in_place(|| cluster.fail_over_to_stalled_replica(master, replica, stall));
+    let promoted = replica;
     assert_eq!(
         cluster.get_on(promoted, &stock_key).as_deref(),
         Some("4"),
@@ -303,7 +295,6 @@ async fn a_sold_out_clear_no_replica_acknowledged_is_made_again_after_a_failover
 
     // The activity master's replica stalls and loses its link; the buyer cancels.
     let replica = cluster.replicas_of(central)[0];
-    let stalled_at = Instant::now();
     let stall = cluster.stall(replica, STALL_MS);
     cluster.cli_at(central, &["CLIENT", "KILL", "TYPE", "replica"]);
     let done = orderd.cancel(&r.rid, &user).await.unwrap();
@@ -321,17 +312,10 @@ async fn a_sold_out_clear_no_replica_acknowledged_is_made_again_after_a_failover
     );
     // orderd stops, so nothing clears again before the failover is looked at.
     orderd.stop().await.unwrap();
-    assert!(
-        stalled_at.elapsed() < Duration::from_millis(STALL_MS - 1000),
-        "the replica must still be stopped when its master dies"
-    );
 
     // The master dies; the lagging replica takes over with the flag still set.
-    tokio::task::block_in_place(|| cluster.kill(central));
-    let promoted =
-        tokio::task::block_in_place(|| cluster.wait_for_failover(central, Duration::from_secs(40)));
-    assert_eq!(promoted, replica, "the lagging replica took over");
-    stall.join();
+    tokio::task::block_in_place(|| cluster.fail_over_to_stalled_replica(central, replica, stall));
+    let promoted = replica;
     assert_eq!(
         cluster.get_on(promoted, &flag).as_deref(),
         Some("1"),
