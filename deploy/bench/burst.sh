@@ -19,7 +19,9 @@
 #   round      stockd_rebalance_round_seconds: one rebalancing round (read, takes, gives, look)
 #   outcomes   stockd_rebalance_round_outcomes_total: rounds that moved units home, found them
 #              only elsewhere (the callers reserve again), or found the item sold out
-#              (printed with the moves)
+#              (printed with the moves), and stockd_rebalance_elsewhere_total: what the look
+#              of an `elsewhere` round found (units on the shards, enough only with those in
+#              transit, or units moving during the look)
 #   looks      stockd_sold_out_looks_total: looks at every shard of an item (a GET and one
 #              look call per shard) by rounds, by the check after a shard emptied, and by
 #              buyers out of attempts (printed with the moves, with those buyers:
@@ -136,6 +138,8 @@ counter() { awk -v m="$1" '$1 == m { v = $2 } END { print v + 0 }' "$2"; }
 moves=""
 for m in stockd_rebalance_rounds_total stockd_rebalance_rereads_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
     'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
+    'stockd_rebalance_elsewhere_total{found="shards"}' 'stockd_rebalance_elsewhere_total{found="transit"}' \
+    'stockd_rebalance_elsewhere_total{found="moving"}' stockd_rebalance_takes_empty_total \
     'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
     'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}' \
     stockd_reserve_gave_up_total; do

@@ -33,6 +33,16 @@ pub const RESERVE_OUTCOMES: [&str; 10] = [
 /// - `failed`: an error ended the round (the callers it carried retry).
 pub const ROUND_OUTCOMES: [&str; 5] = ["home", "elsewhere", "not_enough", "sold_out", "failed"];
 
+/// Labels of `stockd_rebalance_elsewhere_total`: what the look of a round that ended
+/// `elsewhere` found.
+/// - `shards`: the shards alone hold enough (units bought where they are, or taken by
+///   another home's round first);
+/// - `transit`: enough only with the units in transit counted (a move between its take
+///   and its settle; a give that landed and has not settled is counted twice);
+/// - `moving`: every shard looked empty but the mark was refused (units moved during
+///   the look).
+pub const ELSEWHERE_FOUND: [&str; 3] = ["shards", "transit", "moving"];
+
 /// Labels of `stockd_sold_out_looks_total`: who looked at every shard of an item (a
 /// look may end in the sold-out mark).
 /// - `round`: a rebalancing round that moved too few units home;
@@ -178,6 +188,12 @@ pub struct Metrics {
     /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
     /// what they found ([`ROUND_OUTCOMES`]).
     pub rebalance_round_outcomes: IntCounterVec,
+    /// `stockd_rebalance_takes_empty_total`: rebalancing takes that found the donor
+    /// empty (its units went between the round's read and the take).
+    pub rebalance_takes_empty: IntCounter,
+    /// `stockd_rebalance_elsewhere_total{found}`: rounds ended `elsewhere`, by what their
+    /// look found ([`ELSEWHERE_FOUND`]).
+    pub rebalance_elsewhere: IntCounterVec,
     /// `stockd_sold_out_looks_total{by}`: looks at every shard of an item, by who looked
     /// ([`LOOK_CAUSES`]); each is a `GET` and one `look` call per shard.
     pub sold_out_looks: IntCounterVec,
@@ -361,6 +377,21 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let rebalance_takes_empty = IntCounter::new(
+            "stockd_rebalance_takes_empty_total",
+            "Rebalancing takes that found the donor empty (its units went between the \
+             round's read and the take)",
+        )
+        .expect("valid metric");
+        let rebalance_elsewhere = IntCounterVec::new(
+            Opts::new(
+                "stockd_rebalance_elsewhere_total",
+                "Rebalancing rounds that moved nothing home while units remained, by what \
+                 their look found",
+            ),
+            &["found"],
+        )
+        .expect("valid metric");
         let sold_out_looks = IntCounterVec::new(
             Opts::new(
                 "stockd_sold_out_looks_total",
@@ -409,6 +440,8 @@ impl Metrics {
             Box::new(rebalance_rounds.clone()),
             Box::new(rebalance_rereads.clone()),
             Box::new(rebalance_round_outcomes.clone()),
+            Box::new(rebalance_elsewhere.clone()),
+            Box::new(rebalance_takes_empty.clone()),
             Box::new(sold_out_looks.clone()),
             Box::new(rebalance_round_seconds.clone()),
             Box::new(rebalance_wait_seconds.clone()),
@@ -451,6 +484,8 @@ impl Metrics {
             rebalance_rounds,
             rebalance_rereads,
             rebalance_round_outcomes,
+            rebalance_elsewhere,
+            rebalance_takes_empty,
             sold_out_looks,
             rebalance_round_seconds,
             rebalance_wait_seconds,
@@ -510,6 +545,12 @@ impl Metrics {
         self.rebalance_round_outcomes
             .with_label_values(&[outcome])
             .inc();
+    }
+
+    /// Counts one round that ended `elsewhere`, by what its look `found` (one of
+    /// [`ELSEWHERE_FOUND`]).
+    pub fn count_elsewhere(&self, found: &str) {
+        self.rebalance_elsewhere.with_label_values(&[found]).inc();
     }
 
     /// Counts one look at every shard of an item by `by` (one of [`LOOK_CAUSES`]).

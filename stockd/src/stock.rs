@@ -419,6 +419,9 @@ impl App {
             Empty::NotEnough(_) => (Outcome::Retry, "not_enough"),
         };
         self.metrics.count_round(label);
+        if let Empty::Retry(Again::Elsewhere(found)) = empty {
+            self.metrics.count_elsewhere(found.label());
+        }
         round.finish(outcome);
         Ok(empty)
     }
@@ -461,14 +464,19 @@ impl App {
         let look = self.look(activity, item, shards, by).await?;
         let total = look.left + look.in_transit;
         if total >= i64::from(units) {
-            return Ok(Empty::Retry(Again::Elsewhere));
+            let found = if look.left >= i64::from(units) {
+                Found::Shards
+            } else {
+                Found::Transit
+            };
+            return Ok(Empty::Retry(Again::Elsewhere(found)));
         }
         if total > 0 {
             return Ok(Empty::NotEnough(total));
         }
         if !self.mark_after_look(activity, item, look).await? {
             // Units are moving, or moved during the look: reserve again.
-            return Ok(Empty::Retry(Again::Elsewhere));
+            return Ok(Empty::Retry(Again::Elsewhere(Found::Moving)));
         }
         Ok(Empty::SoldOut)
     }
@@ -614,7 +622,12 @@ impl App {
                 .await
                 .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
             match step {
-                Step::Empty => continue,
+                Step::Empty => {
+                    // The read saw units there, and another home's round or the donor's
+                    // own buyers took them first.
+                    self.metrics.rebalance_takes_empty.inc();
+                    continue;
+                }
                 Step::Moved(n, settle) => {
                     moved += n;
                     if moved >= missing {
@@ -685,6 +698,9 @@ impl App {
                 hw = entry.high_water(donor);
             }
         }
+        // The test suite empties the donor here, after the round's read saw its units
+        // (`stockd_take_empty`).
+        fail::fail_point!("stockd::move::before_take");
         let mut adopted = false;
         // The units taken are in transit under this id until the give has landed and
         // the record is settled, or for the record's lifetime (`crate::transit`).
@@ -1093,8 +1109,9 @@ enum Again {
     Home,
     /// Nothing moved home, but the other shards (and the units in transit) hold enough:
     /// they are being bought where they are, or are on their way to another home.
-    /// (Told apart from [`Self::Home`] only in `stockd_rebalance_round_outcomes_total`.)
-    Elsewhere,
+    /// (Told apart from [`Self::Home`] only in `stockd_rebalance_round_outcomes_total`,
+    /// and by what the look found in `stockd_rebalance_elsewhere_total`.)
+    Elsewhere(Found),
     /// The round this caller waited on failed.
     Failed,
 }
@@ -1103,8 +1120,32 @@ impl Again {
     fn label(self) -> &'static str {
         match self {
             Self::Home => "home",
-            Self::Elsewhere => "elsewhere",
+            Self::Elsewhere(_) => "elsewhere",
             Self::Failed => "failed",
+        }
+    }
+}
+
+/// What the look found that sent the callers of a round that moved nothing home back
+/// to reserve again (`stockd_rebalance_elsewhere_total{found}`, [`ELSEWHERE_FOUND`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// The shards alone hold enough: units are being bought where they are (or moved
+    /// to another home, already given).
+    Shards,
+    /// Only with the units in transit counted is there enough: a move between its take
+    /// and its settle (its give may have landed already, then counted twice).
+    Transit,
+    /// Every shard looked empty, but the mark was refused: units moved during the look.
+    Moving,
+}
+
+impl Found {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Shards => "shards",
+            Self::Transit => "transit",
+            Self::Moving => "moving",
         }
     }
 }

@@ -561,6 +561,8 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
     // Each of its rounds ended finding the units elsewhere (`elsewhere`: in transit).
     let user = user_on_shard("during", 0, SHARDS);
     let elsewhere = round_outcomes(&h, "elsewhere");
+    let found = |f: &str| h.metrics.rebalance_elsewhere.with_label_values(&[f]).get();
+    let in_transit = found("transit");
     let e = reserve(&mut c, a, s, &user, "r").await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Aborted, "{e:?}");
     assert!(e.message().contains("retry"), "{e:?}");
@@ -570,6 +572,9 @@ async fn a_look_while_units_move_sets_no_sold_out_flag() {
         u64::from(attempts),
         "one round per attempt, each finding the units in transit"
     );
+    // And the split says so: enough only with the units in transit counted.
+    assert_eq!(found("transit") - in_transit, u64::from(attempts));
+    assert_eq!((found("shards"), found("moving")), (0, 0));
     // A look in each round (none moved units home), and one more out of attempts.
     assert_eq!(
         (looks("round"), looks("attempts"), looks("check")),
