@@ -23,9 +23,17 @@
 //!   the cap less what the other gateways hold; the grant becomes the item's local cap
 //!   ([`ItemLive::fleet_cap`](crate::sold_out::ItemLive)). Slots of a gateway that
 //!   stops renewing expire after `max(2 s, 5 × sync_ms)`.
-//! - **Redis unreachable**: the buckets run at rate / `fleet_size` (burst likewise)
-//!   and each item's cap is cap / `fleet_size` (rounded up), with
-//!   `gateway_fleet_fallback` = 1, until a round succeeds again.
+//! - **A round that fails** (an error or its deadline): the buckets run at rate /
+//!   `fleet_size` (burst likewise), with `gateway_fleet_fallback` = 1, until a round
+//!   succeeds again. The admission slots this gateway holds in Redis stand until they
+//!   expire, and the other gateways count them meanwhile, so until then each item's cap
+//!   is kept, lowered to the calls in flight (the failed round may have recorded a
+//!   smaller holding than the last grant; what is in flight is recorded in any case):
+//!   admissions go on as calls finish, never above what Redis counts for this gateway.
+//!   Only once the slots would have expired is the cap cap / `fleet_size` (rounded up).
+//!   (Falling back to the share at once let a gateway that held fewer slots than its
+//!   share admit more while the others still held theirs: 11 in flight against a cap
+//!   of 10 in `gateway_budgets`.)
 
 use crate::admission;
 use crate::config::Limits;
@@ -59,6 +67,11 @@ impl FleetSync {
         let id = format!("{:016x}", rand::random::<u64>());
         Self { shared, id }
     }
+}
+
+/// How long a gateway's admission slots stand in Redis after its round.
+fn slots_ttl_ms(limits: &Limits) -> u64 {
+    (limits.sync_ms * 5).max(2000)
 }
 
 /// What one round sends, to read the answers back in order.
@@ -128,7 +141,7 @@ impl FleetSync {
         }
         // Admission slots of every item of the activities not over.
         let now = unix_ms() as i64;
-        let ttl = (limits.sync_ms * 5).max(2000);
+        let ttl = slots_ttl_ms(limits);
         for act in shared.catalog.all().values() {
             if now >= act.end_ms {
                 continue;
@@ -185,12 +198,32 @@ impl FleetSync {
         Ok(())
     }
 
-    /// Redis unreachable: the local share of every budget.
-    fn fall_back(&self, limits: &Limits, k: f64, min: u32) {
+    /// A failed round, or none yet: the local share of every budget. While the slots
+    /// this gateway holds in Redis stand (`leased`: the last good round was sent less
+    /// than the slots' lifetime ago), each item's cap is its lease lowered to the calls
+    /// in flight instead of the share (see the module doc).
+    fn fall_back(&self, limits: &Limits, k: f64, min: u32, leased: bool) {
         let shared = &self.shared;
         shared.limiter.set_fleet_down(true);
         shared.metrics.fleet_fallback.set(1);
         let n = limits.fleet_size.max(1);
+        if leased {
+            for act in shared.catalog.all().values() {
+                for item in &act.items {
+                    let in_flight = i64::from(item.in_flight.load(Ordering::Relaxed));
+                    let share = i64::from(admission::cap(item, k, min).div_ceil(n));
+                    // A lease granted by a round that failed: at most the calls in
+                    // flight, which Redis records for this gateway whatever it granted.
+                    // (An item no round has leased yet: the share.)
+                    let _ =
+                        item.fleet_cap
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cap| {
+                                Some(if cap < 0 { share } else { cap.min(in_flight) })
+                            });
+                }
+            }
+            return;
+        }
         for act in shared.catalog.all().values() {
             for item in &act.items {
                 let share = admission::cap(item, k, min).div_ceil(n);
@@ -228,6 +261,9 @@ impl BackgroundService for FleetSync {
         let mut period = 0;
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut connected = false;
+        // Until when the slots the last good round leased stand in Redis (from when it
+        // was sent: Redis set their expiry later than that).
+        let mut leased_until: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,
@@ -250,9 +286,11 @@ impl BackgroundService for FleetSync {
             let (k, min) = (policy.admission.k, policy.admission.min_in_flight);
             if !on {
                 // Until the first round succeeds, the local share.
-                self.fall_back(limits, k, min);
+                self.fall_back(limits, k, min, false);
+                leased_until = None;
                 on = true;
             }
+            let leased = leased_until.is_some_and(|u| tokio::time::Instant::now() < u);
             let deadline = Duration::from_millis(cfg.timeout_ms.max(period));
             if !connected {
                 // fred does not try a first connection again once it failed (Redis down
@@ -266,29 +304,95 @@ impl BackgroundService for FleetSync {
                             c = fresh;
                         }
                         shared.metrics.fleet_sync_errors.inc();
-                        self.fall_back(limits, k, min);
+                        self.fall_back(limits, k, min, leased);
                         continue;
                     }
                 }
             }
             let slice = policy.admission.lease_slice;
+            let sent = tokio::time::Instant::now();
             match tokio::time::timeout(deadline, self.round(&c, limits, slice, k, min)).await {
                 Ok(Ok(())) => {
                     shared.limiter.set_fleet_down(false);
                     shared.metrics.fleet_fallback.set(0);
+                    leased_until = Some(sent + Duration::from_millis(slots_ttl_ms(limits)));
                 }
                 Ok(Err(e)) => {
                     shared.metrics.fleet_sync_errors.inc();
                     tracing::debug!(error = %e, "fleet budget sync failed");
-                    self.fall_back(limits, k, min);
+                    self.fall_back(limits, k, min, leased);
                 }
                 Err(_) => {
                     shared.metrics.fleet_sync_errors.inc();
                     tracing::debug!("fleet budget sync timed out");
-                    self.fall_back(limits, k, min);
+                    self.fall_back(limits, k, min, leased);
                 }
             }
         }
         let _ = c.quit().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sold_out::{ItemMeta, Meta};
+
+    /// A gateway of a fleet of two with activity 1, item 7 (100 units left), and the
+    /// item's live state.
+    fn gateway() -> (FleetSync, Arc<crate::sold_out::ItemLive>) {
+        let shared = Arc::new(crate::shared::for_test(
+            "[limits]\nfleet = true\nfleet_size = 2\n",
+        ));
+        shared.catalog.replace(vec![Meta {
+            id: 1,
+            title: "t".into(),
+            start_ms: 0,
+            end_ms: i64::MAX,
+            shards: 2,
+            per_user_limit: 1,
+            version: 1,
+            items: vec![ItemMeta {
+                id: 7,
+                title: "i".into(),
+                price_cents: 200,
+                sale_price_cents: 100,
+                total: 100,
+            }],
+            challenge_bits: None,
+            cluster: None,
+        }]);
+        let item = shared.catalog.all().values().next().unwrap().items[0].clone();
+        item.remaining.store(100, Ordering::Relaxed);
+        (FleetSync::new(shared), item)
+    }
+
+    #[test]
+    fn a_failed_round_keeps_the_lease_lowered_to_the_calls_in_flight_until_it_expires() {
+        let (fleet, item) = gateway();
+        let limits = fleet.shared.policy().limits.clone();
+        // Cap 0.1 x 100 = 10 for the fleet; this gateway leased 4 and has 3 in flight.
+        let (k, min) = (0.1, 1);
+        item.fleet_cap.store(4, Ordering::Relaxed);
+        item.in_flight.store(3, Ordering::Relaxed);
+        fleet.fall_back(&limits, k, min, true);
+        assert_eq!(
+            item.fleet_cap.load(Ordering::Relaxed),
+            3,
+            "not the share (5): the other gateway may hold the other 6 slots"
+        );
+        // Never raised by a failed round, even with more in flight than the lease.
+        item.in_flight.store(9, Ordering::Relaxed);
+        fleet.fall_back(&limits, k, min, true);
+        assert_eq!(item.fleet_cap.load(Ordering::Relaxed), 3);
+        // An item no round leased yet gets the share.
+        item.fleet_cap.store(-1, Ordering::Relaxed);
+        fleet.fall_back(&limits, k, min, true);
+        assert_eq!(item.fleet_cap.load(Ordering::Relaxed), 5);
+        // Once the slots have expired in Redis: the share.
+        item.fleet_cap.store(3, Ordering::Relaxed);
+        fleet.fall_back(&limits, k, min, false);
+        assert_eq!(item.fleet_cap.load(Ordering::Relaxed), 5);
+        assert_eq!(fleet.shared.metrics.fleet_fallback.get(), 1);
     }
 }
