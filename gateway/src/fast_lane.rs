@@ -699,25 +699,8 @@ mod tests {
 
     /// Activity 1, open, with one item 7.
     fn one_item_activity(sh: &Shared, challenge_bits: Option<u32>) {
-        use crate::sold_out::{ItemMeta, Meta};
-        sh.catalog.replace(vec![Meta {
-            id: 1,
-            title: "t".into(),
-            start_ms: 0,
-            end_ms: i64::MAX,
-            shards: 2,
-            per_user_limit: 1,
-            version: 1,
-            items: vec![ItemMeta {
-                id: 7,
-                title: "i".into(),
-                price_cents: 200,
-                sale_price_cents: 100,
-                total: 1,
-            }],
-            challenge_bits,
-            cluster: None,
-        }]);
+        sh.catalog
+            .replace(vec![crate::sold_out::one_item_activity(1, challenge_bits)]);
     }
 
     /// The answer the lane wrote for `req`, as (status, headers, JSON body).

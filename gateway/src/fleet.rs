@@ -207,27 +207,22 @@ impl FleetSync {
         shared.limiter.set_fleet_down(true);
         shared.metrics.fleet_fallback.set(1);
         let n = limits.fleet_size.max(1);
-        if leased {
-            for act in shared.catalog.all().values() {
-                for item in &act.items {
-                    let in_flight = i64::from(item.in_flight.load(Ordering::Relaxed));
-                    let share = i64::from(admission::cap(item, k, min).div_ceil(n));
-                    // A lease granted by a round that failed: at most the calls in
-                    // flight, which Redis records for this gateway whatever it granted.
-                    // (An item no round has leased yet: the share.)
-                    let _ =
-                        item.fleet_cap
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cap| {
-                                Some(if cap < 0 { share } else { cap.min(in_flight) })
-                            });
-                }
-            }
-            return;
-        }
         for act in shared.catalog.all().values() {
             for item in &act.items {
-                let share = admission::cap(item, k, min).div_ceil(n);
-                item.fleet_cap.store(i64::from(share), Ordering::Relaxed);
+                let share = i64::from(admission::cap(item, k, min).div_ceil(n));
+                if !leased {
+                    item.fleet_cap.store(share, Ordering::Relaxed);
+                    continue;
+                }
+                // A lease granted by a round that failed: at most the calls in flight,
+                // which Redis records for this gateway whatever it granted. (An item no
+                // round has leased yet: the share.)
+                let in_flight = i64::from(item.in_flight.load(Ordering::Relaxed));
+                let _ = item
+                    .fleet_cap
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cap| {
+                        Some(if cap < 0 { share } else { cap.min(in_flight) })
+                    });
             }
         }
     }
@@ -336,7 +331,6 @@ impl BackgroundService for FleetSync {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sold_out::{ItemMeta, Meta};
 
     /// A gateway of a fleet of two with activity 1, item 7 (100 units left), and the
     /// item's live state.
@@ -344,24 +338,9 @@ mod tests {
         let shared = Arc::new(crate::shared::for_test(
             "[limits]\nfleet = true\nfleet_size = 2\n",
         ));
-        shared.catalog.replace(vec![Meta {
-            id: 1,
-            title: "t".into(),
-            start_ms: 0,
-            end_ms: i64::MAX,
-            shards: 2,
-            per_user_limit: 1,
-            version: 1,
-            items: vec![ItemMeta {
-                id: 7,
-                title: "i".into(),
-                price_cents: 200,
-                sale_price_cents: 100,
-                total: 100,
-            }],
-            challenge_bits: None,
-            cluster: None,
-        }]);
+        shared
+            .catalog
+            .replace(vec![crate::sold_out::one_item_activity(100, None)]);
         let item = shared.catalog.all().values().next().unwrap().items[0].clone();
         item.remaining.store(100, Ordering::Relaxed);
         (FleetSync::new(shared), item)

@@ -512,6 +512,29 @@ impl Catalog {
     }
 }
 
+/// The tests' catalog of one: activity 1, open for good, with item 7 of `total` units.
+#[cfg(test)]
+pub(crate) fn one_item_activity(total: u32, challenge_bits: Option<u32>) -> Meta {
+    Meta {
+        id: 1,
+        title: "t".into(),
+        start_ms: 0,
+        end_ms: i64::MAX,
+        shards: 2,
+        per_user_limit: 1,
+        version: 1,
+        items: vec![ItemMeta {
+            id: 7,
+            title: "i".into(),
+            price_cents: 200,
+            sale_price_cents: 100,
+            total,
+        }],
+        challenge_bits,
+        cluster: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
