@@ -89,8 +89,17 @@ impl App {
         }
         let warmed = self.warm(&activity, published).await?;
         db::set_published(&self.db, id, now).await?;
+        fail::fail_point!("stockd::publish::before_catalog");
         let activity = self.get_activity(id).await?;
-        self.catalog.insert(activity.clone(), true);
+        let (entry, added) = self.catalog.insert(activity.clone(), true);
+        if !added && !entry.is_available() {
+            // The refresh loop read the activity published in MySQL before this call
+            // put it in the catalog, and added it closed, to open after a fence check:
+            // that check now, not up to `stock.fence_check_ms` later (meanwhile the
+            // stockd that published the sale answered its buyers UNAVAILABLE). It opens
+            // the entry only if every shard's fence is there and nothing is behind.
+            self.check_activity(&entry).await;
+        }
         self.redis().sadd(keys::ACTIVITIES, id.to_string()).await?;
         self.redis()
             .publish(keys::ACTIVITIES_CHANNEL, id.to_string())

@@ -43,7 +43,7 @@ impl App {
     /// Reads every shard of `entry` and acts on what it finds: a missing fence starts a
     /// rebuild, a shard behind its high-water mark is reported and rebuilt, an activity
     /// whose shards are all fine opens. True when a loss was found.
-    async fn check_activity(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> bool {
+    pub(crate) async fn check_activity(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> bool {
         // Marks first, Redis second: whatever this process saw before the read, a Redis
         // that lost nothing has at least reached.
         let seen: Vec<HighWater> = (0..entry.shards()).map(|i| entry.high_water(i)).collect();
