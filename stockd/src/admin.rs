@@ -220,6 +220,7 @@ impl App {
             if self.config.stock.recompute_at_start {
                 self.check_at_start().await;
             } else {
+                self.catalog.set_opening();
                 self.check_fences().await;
             }
         }

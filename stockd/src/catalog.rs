@@ -147,6 +147,10 @@ fn activity_shards(a: &pb::Activity) -> u32 {
 pub struct Catalog {
     map: RwLock<HashMap<u64, Arc<ActivityEntry>>>,
     loaded: AtomicBool,
+    /// Set once the start-up check has claimed every entry it checks (or at the first
+    /// load, when there is none): before, the fence check opens nothing. See
+    /// [`Self::may_open`].
+    opening: AtomicBool,
 }
 
 impl Catalog {
@@ -192,5 +196,21 @@ impl Catalog {
 
     pub fn set_loaded(&self) {
         self.loaded.store(true, Ordering::Release);
+    }
+
+    /// Whether the fence check may open a closed entry. Not before the start-up check
+    /// (`stock.recompute_at_start`) has claimed the entries it checks: a fresh process
+    /// has no high-water marks, so the fence check alone cannot tell a shard that came
+    /// back rewound (MySQL holds reservations past its sequence), and an entry it
+    /// opened before the start-up check reached it sold on that shard, reusing
+    /// reservation ids that orderd then dead-letters. Read before the entry's
+    /// `recomputing` (Acquire), which the claims set before this flag (Release).
+    pub fn may_open(&self) -> bool {
+        self.opening.load(Ordering::Acquire)
+    }
+
+    /// See [`Self::may_open`].
+    pub fn set_opening(&self) {
+        self.opening.store(true, Ordering::Release);
     }
 }

@@ -79,7 +79,10 @@ impl App {
         if behind {
             return true;
         }
-        if !entry.is_available() && !entry.recomputing.load(Ordering::Acquire) {
+        if self.catalog.may_open()
+            && !entry.is_available()
+            && !entry.recomputing.load(Ordering::Acquire)
+        {
             entry.available.store(true, Ordering::Release);
         }
         false

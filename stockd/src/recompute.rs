@@ -679,18 +679,28 @@ impl App {
     }
 
     /// Runs [`Self::start_check`] on every open activity once, at start-up: an intact
-    /// one opens, the others rebuild. Nothing opens an activity while it is checked.
+    /// one opens, the others rebuild. Nothing opens an activity before it is checked:
+    /// every one is claimed (`recomputing`) before the first is checked, and only then
+    /// may the fence check open entries ([`crate::catalog::Catalog::may_open`]). (Claimed
+    /// one at a time, the entries not reached yet were the fence check's to open, within
+    /// a period, when the check of the ones before took longer than that.)
     pub async fn check_at_start(self: &Arc<Self>) {
         let now = now_ms();
-        for entry in self.catalog.all() {
-            if entry.end_ms() <= now
-                || entry
-                    .recomputing
-                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-            {
-                continue;
-            }
+        let claimed: Vec<_> = self
+            .catalog
+            .all()
+            .into_iter()
+            .filter(|entry| {
+                entry.end_ms() > now
+                    && entry
+                        .recomputing
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+            })
+            .collect();
+        self.catalog.set_opening();
+        for entry in claimed {
+            fail::fail_point!("stockd::start_check::before");
             match self.start_check(&entry).await {
                 Ok(None) => {
                     entry.available.store(true, Ordering::Release);
@@ -698,6 +708,9 @@ impl App {
                 }
                 Ok(Some(cause)) => {
                     tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
+                    // Closed while it rebuilds (an entry this process's own publish put
+                    // in the catalog before its first load is open).
+                    entry.available.store(false, Ordering::Release);
                     self.spawn_rebuild(&entry, cause);
                 }
                 Err(e) => {

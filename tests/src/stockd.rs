@@ -97,7 +97,22 @@ pub async fn spawn_stockd(
     start_in_process(config).await
 }
 
+/// [`spawn_stockd`] that returns at once, ready or not: for a test of what a stockd
+/// answers while it starts (its start-up check still running).
+pub async fn spawn_stockd_starting(
+    deps: &Deps<'_>,
+    tweak: impl FnOnce(&mut stockd::Config),
+) -> StockdHandle {
+    let mut config = stockd_config(deps);
+    tweak(&mut config);
+    start_in_process_with(config, false).await
+}
+
 async fn start_in_process(config: stockd::Config) -> StockdHandle {
+    start_in_process_with(config, true).await
+}
+
+async fn start_in_process_with(config: stockd::Config, wait_ready: bool) -> StockdHandle {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind grpc");
@@ -115,7 +130,9 @@ async fn start_in_process(config: stockd::Config) -> StockdHandle {
         shutdown,
         metrics.clone(),
     ));
-    wait_serving(&addr).await;
+    if wait_ready {
+        wait_serving(&addr).await;
+    }
     StockdHandle {
         addr,
         admin_addr,
