@@ -354,12 +354,13 @@ pub struct WarmCall {
 
 impl WarmCall {
     /// Warms shard `shard` under `epoch`. `force` false leaves a shard whose fence is
-    /// already there alone (publishing twice never adds stock); recompute passes true.
+    /// already there alone (publishing twice never adds stock), and one a rebuild has
+    /// touched (its lease key is there: a missing fence is a rebuild's close).
     pub fn new(activity: ActivityId, shard: Shard, epoch: &str, force: bool) -> Self {
         Self {
             activity,
             shard,
-            keys: vec![keys::fence(activity, shard)],
+            keys: vec![keys::fence(activity, shard), keys::lease(activity, shard)],
             args: vec![epoch.to_string(), if force { "1" } else { "0" }.to_string()],
         }
     }
@@ -383,7 +384,8 @@ impl Call for WarmCall {
 pub enum Warmed {
     /// The shard's stock and fence were written.
     Wrote,
-    /// The fence was already there and the call was not forced: nothing changed.
+    /// The fence was already there, or a rebuild's lease, and the call was not forced:
+    /// nothing changed.
     AlreadyWarm,
 }
 
@@ -712,6 +714,7 @@ mod tests {
             k,
             [
                 keys::fence(7, 1),
+                keys::lease(7, 1),
                 keys::stock(7, 1, 11),
                 keys::stock(7, 1, 12)
             ]

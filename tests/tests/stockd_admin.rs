@@ -91,6 +91,49 @@ async fn publishing_twice_never_adds_stock() {
     assert_eq!(shards, "4");
 }
 
+/// A publish's warm-up may land late: it read the activity unpublished, another stockd
+/// published it meanwhile, sold, and a rebuild closed a shard (fence deleted, its
+/// fencing token in the lease key). Unforced, WARM writes only where neither a fence nor
+/// a rebuild's lease is: it never reopens a shard mid-rebuild with its stale counts and
+/// no buyer records.
+#[tokio::test]
+async fn a_late_warm_up_leaves_a_shard_a_rebuild_closed_alone() {
+    use seckill_lua::calls::{WarmCall, Warmed};
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let redis = cluster.client().await;
+    let (a, s) = (77, 5);
+    let warm = |shard| {
+        let mut w = WarmCall::new(a, shard, "e1", false);
+        w.push(s, 10);
+        w
+    };
+    let answer = |v: fred::types::Value| v.as_i64().map(Warmed::from_reply);
+    // Shard 1 closed by a rebuild (token 3).
+    let _: () = redis
+        .set(keys::lease(a, 1), "3", None, None, false)
+        .await
+        .unwrap();
+    let r = seckill_tests::redis::call(&redis, warm(1)).await;
+    assert_eq!(answer(r), Some(Warmed::AlreadyWarm));
+    let fence: Option<String> = redis.get(keys::fence(a, 1)).await.unwrap();
+    let stock: Option<i64> = redis.get(keys::stock(a, 1, s)).await.unwrap();
+    assert_eq!(
+        (fence, stock),
+        (None, None),
+        "the closed shard stays closed"
+    );
+    // A shard never warmed nor rebuilt is written; warmed, it is left alone.
+    let r = seckill_tests::redis::call(&redis, warm(2)).await;
+    assert_eq!(answer(r), Some(Warmed::Wrote));
+    let _: i64 = redis.decr(keys::stock(a, 2, s)).await.unwrap();
+    let r = seckill_tests::redis::call(&redis, warm(2)).await;
+    assert_eq!(answer(r), Some(Warmed::AlreadyWarm));
+    let fence: Option<String> = redis.get(keys::fence(a, 2)).await.unwrap();
+    let stock: Option<i64> = redis.get(keys::stock(a, 2, s)).await.unwrap();
+    assert_eq!((fence.as_deref(), stock), (Some("e1"), Some(9)));
+}
+
 #[tokio::test]
 async fn reserve_answers_not_started_ended_and_not_found_without_taking_stock() {
     init_tracing();
