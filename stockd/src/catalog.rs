@@ -28,7 +28,8 @@ pub struct ItemEntry {
 pub struct ActivityEntry {
     pub activity: pb::Activity,
     pub items: HashMap<u64, ItemEntry>,
-    /// False until the start-up fence check passed, and while recomputing.
+    /// False until the start-up check or the fence check opened it (the fence check
+    /// only once [`Catalog::may_open`]), and while recomputing.
     pub available: AtomicBool,
     /// True while a recompute task runs (at most one per activity and process).
     pub recomputing: AtomicBool,

@@ -1,5 +1,6 @@
 //! The fence check: finds lost Redis state while nobody buys, and opens activities new
-//! to this process. Reading one shard is one `MGET` of its fence (epoch) and its
+//! to this process (once the start-up check has claimed the ones it checks:
+//! [`crate::catalog::Catalog::may_open`]). Reading one shard is one `MGET` of its fence (epoch) and its
 //! reservation sequence: a missing fence (a node back empty, a flush, a key evicted or
 //! deleted) starts a rebuild; a sequence below this process's high-water mark under the
 //! same epoch (a failover to a replica that lagged) is reported and rebuilt.

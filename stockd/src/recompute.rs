@@ -48,6 +48,7 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::redis::int;
 use crate::shard::HighWater;
+use futures::StreamExt;
 
 /// Items whose sold-out flag a rebuild sets or clears at once.
 const FLAGS_AT_ONCE: usize = 32;
@@ -699,26 +700,51 @@ impl App {
             })
             .collect();
         self.catalog.set_opening();
-        for entry in claimed {
-            fail::fail_point!("stockd::start_check::before");
-            match self.start_check(&entry).await {
-                Ok(None) => {
-                    entry.available.store(true, Ordering::Release);
-                    entry.recomputing.store(false, Ordering::Release);
-                }
-                Ok(Some(cause)) => {
-                    tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
-                    // Closed while it rebuilds (an entry this process's own publish put
-                    // in the catalog before its first load is open).
-                    entry.available.store(false, Ordering::Release);
-                    self.spawn_rebuild(&entry, cause);
-                }
-                Err(e) => {
-                    // The fence check opens it once Redis answers; it cannot tell a
-                    // rewound shard without this check's MySQL read, so say so.
-                    tracing::warn!(activity = entry.id(), error = %e, "start-up check failed; the fence check decides");
-                    entry.recomputing.store(false, Ordering::Release);
-                }
+        // Every activity stays closed until its own check: the checks run at once, a
+        // few per Redis Cluster at a time (`mysql.max_connections`), each cluster in a
+        // lane of its own, so a dead cluster's timeouts or a slow MySQL read do not hold
+        // the others' activities closed behind them.
+        let mut lanes: HashMap<&str, Vec<Arc<ActivityEntry>>> = HashMap::new();
+        for entry in &claimed {
+            let cluster = seckill_daemon::config::named_cluster(&entry.activity.redis_cluster)
+                .unwrap_or(seckill_daemon::config::DEFAULT_CLUSTER);
+            lanes.entry(cluster).or_default().push(entry.clone());
+        }
+        let at_once = (self.config.mysql.max_connections as usize).max(1);
+        // Each check owns its `Arc`s: a future borrowing `self` is not `Send` for every
+        // lifetime the stream's combinator asks of it.
+        let lanes = lanes.into_values().map(|entries| {
+            let checks = entries
+                .into_iter()
+                .map(|entry| Arc::clone(self).check_one_at_start(entry));
+            futures::stream::iter(checks)
+                .buffer_unordered(at_once)
+                .collect::<Vec<()>>()
+        });
+        futures::future::join_all(lanes).await;
+    }
+
+    /// [`Self::check_at_start`] of one claimed activity: opens it, rebuilds it, or (the
+    /// check failed) leaves it to the fence check.
+    async fn check_one_at_start(self: Arc<Self>, entry: Arc<ActivityEntry>) {
+        fail::fail_point!("stockd::start_check::before");
+        match self.start_check(&entry).await {
+            Ok(None) => {
+                entry.available.store(true, Ordering::Release);
+                entry.recomputing.store(false, Ordering::Release);
+            }
+            Ok(Some(cause)) => {
+                tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
+                // Closed while it rebuilds (an entry this process's own publish put in
+                // the catalog before its first load is open).
+                entry.available.store(false, Ordering::Release);
+                self.spawn_rebuild(&entry, cause);
+            }
+            Err(e) => {
+                // The fence check opens it once Redis answers; it cannot tell a rewound
+                // shard without this check's MySQL read, so say so.
+                tracing::warn!(activity = entry.id(), error = %e, "start-up check failed; the fence check decides");
+                entry.recomputing.store(false, Ordering::Release);
             }
         }
     }
