@@ -4,7 +4,7 @@
 //! activity's shards are being recomputed. Refreshed from MySQL by a background loop.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use seckill_proto::pb;
@@ -31,8 +31,13 @@ pub struct ActivityEntry {
     /// False until the start-up check or the fence check opened it (the fence check
     /// only once [`Catalog::may_open`]), and while recomputing.
     pub available: AtomicBool,
-    /// True while a recompute task runs (at most one per activity and process).
+    /// True while a recompute task runs (at most one per activity and process), or the
+    /// start-up check or an open holds the entry: its claim.
     pub recomputing: AtomicBool,
+    /// A rebuild asked for while the entry was claimed: its cause
+    /// (`crate::recompute::Cause::code`, 0 = none), the strongest asked. Whoever lets go
+    /// of the claim runs it (`App::release_claim`).
+    pub rerun: AtomicU8,
     /// When the last rebuild a failed move asked for started, and whether one waits
     /// (`stock.move_repair_gap_ms`).
     pub move_repair: Mutex<crate::recompute::MoveRepair>,
@@ -66,6 +71,7 @@ impl ActivityEntry {
             items,
             available: AtomicBool::new(available),
             recomputing: AtomicBool::new(false),
+            rerun: AtomicU8::new(0),
             move_repair: Mutex::default(),
             rotation: AtomicU32::new(0),
             shard_state: (0..activity_shards(&activity))

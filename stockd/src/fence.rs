@@ -80,11 +80,17 @@ impl App {
         if behind {
             return true;
         }
+        // Opened under a claim: a rebuild asked for meanwhile waits for it (and closes
+        // the entry again) instead of running while this check opens it.
         if self.catalog.may_open()
             && !entry.is_available()
-            && !entry.recomputing.load(Ordering::Acquire)
+            && entry
+                .recomputing
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
         {
-            entry.available.store(true, Ordering::Release);
+            entry.available.store(true, Ordering::SeqCst);
+            self.release_claim(entry);
         }
         false
     }

@@ -77,6 +77,29 @@ pub enum Cause {
     Repair,
 }
 
+impl Cause {
+    /// For [`ActivityEntry::rerun`]: larger is stronger (a `Repair` rebuilds whatever
+    /// it finds; a `Lost` one stops when the state is back).
+    fn code(self) -> u8 {
+        match self {
+            Cause::Lost => 1,
+            Cause::Behind => 2,
+            Cause::Start => 3,
+            Cause::Repair => 4,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Cause::Lost),
+            2 => Some(Cause::Behind),
+            3 => Some(Cause::Start),
+            4 => Some(Cause::Repair),
+            _ => None,
+        }
+    }
+}
+
 // Failed moves and their rebuilds (`stock.move_repair_gap_ms`): a take or give whose
 // outcome is unknown (a timeout, a cut connection), or one no replica acknowledged, may
 // have moved units no give brought home (or that a failover takes away again), and only a
@@ -152,23 +175,50 @@ struct StreamEntry {
 type Mark = (Option<String>, u64);
 
 impl App {
-    /// Marks the activity unavailable and starts a rebuild unless one is running.
+    /// Marks the activity unavailable and starts a rebuild, or, when the entry is
+    /// claimed (a rebuild runs, the start-up check or an open holds it), asks the holder
+    /// to run one once it lets go ([`Self::release_claim`]). A rebuild that is finishing
+    /// may have read the shards before what this call is for: dropping the call left the
+    /// entry closed with no rebuild until the next fence check.
+    ///
+    /// The hand-over is Dekker's: this call sets `rerun`, then reads the claim; the
+    /// holder clears the claim, then reads `rerun` (all `SeqCst`), so at least one of
+    /// the two sees the other's write and nobody's request is lost.
     pub fn trigger_recompute(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         cause: Cause,
         why: &str,
     ) {
-        entry.available.store(false, Ordering::Release);
-        if entry
-            .recomputing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
+        entry.available.store(false, Ordering::SeqCst);
+        loop {
+            if entry
+                .recomputing
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                break;
+            }
+            entry.rerun.fetch_max(cause.code(), Ordering::SeqCst);
+            if entry.recomputing.load(Ordering::SeqCst) {
+                return;
+            }
+            // Let go meanwhile (its read of `rerun` may have come first): claim it here.
         }
-        tracing::warn!(activity = entry.id(), why, "recomputing from MySQL");
+        // This rebuild starts after every request made so far: it answers them too.
+        let asked = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst));
+        let cause = asked.map_or(cause, |c| if c.code() > cause.code() { c } else { cause });
+        tracing::warn!(activity = entry.id(), why, ?cause, "recomputing from MySQL");
         self.spawn_rebuild(entry, cause);
+    }
+
+    /// Lets go of the claim on `entry` and starts the rebuild asked for while it was
+    /// held, if any (see [`Self::trigger_recompute`]).
+    pub(crate) fn release_claim(self: &Arc<Self>, entry: &Arc<ActivityEntry>) {
+        entry.recomputing.store(false, Ordering::SeqCst);
+        if let Some(cause) = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst)) {
+            self.trigger_recompute(entry, cause, "asked for while the activity was held");
+        }
     }
 
     /// A move (rebalancing take or give) ended in a way that may have left units taken
@@ -203,7 +253,8 @@ impl App {
 
     /// Starts the waiting move repair after `wait` and then after any rebuild running at
     /// that moment: that one may have read the shards before the failures this one is
-    /// for, and `trigger_recompute` would drop this one while it runs.
+    /// for (`trigger_recompute` would hand it to that rebuild as a rerun, which closes
+    /// the activity once more; waiting lets buyers use the rebuilt state meanwhile).
     fn repair_after_rebuild(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -246,13 +297,29 @@ impl App {
         let app = self.clone();
         let entry = entry.clone();
         tokio::spawn(async move {
+            let mut cause = cause;
             loop {
                 match app.recompute(&entry, cause).await {
                     Ok(r) => {
                         let label = if r.is_some() { "ok" } else { "skipped" };
                         app.metrics.recomputes.with_label_values(&[label]).inc();
-                        entry.available.store(true, Ordering::Release);
                         app.look_after_rebuild(&entry, &r.unwrap_or_default());
+                        // Asked for again while this one ran: run again, still closed.
+                        // Most such requests under load are this rebuild's own doing (a
+                        // reservation in flight met its close and answered LOST): a
+                        // `Lost` one whose state is back already opens at once.
+                        let again = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst));
+                        if let Some(again) = again {
+                            let back =
+                                again == Cause::Lost && app.intact(&entry).await.unwrap_or(false);
+                            if !back {
+                                tracing::info!(activity = entry.id(), cause = ?again,
+                                    "rebuilding again: asked for while the last rebuild ran");
+                                cause = again;
+                                continue;
+                            }
+                        }
+                        entry.available.store(true, Ordering::SeqCst);
                         break;
                     }
                     Err(e) => {
@@ -265,32 +332,44 @@ impl App {
                     }
                 }
             }
-            entry.recomputing.store(false, Ordering::Release);
+            fail::fail_point!("stockd::rebuild::before_release");
+            app.release_claim(&entry);
         });
     }
 
-    /// Runs the recompute and waits for it (used by Reconcile's repair). The
-    /// activity is unavailable meanwhile.
+    /// Runs the recompute and waits for it (used by Reconcile's repair and publish). The
+    /// activity is unavailable meanwhile. The work runs in a task of its own: a caller
+    /// that goes away (a cancelled gRPC call) while it holds the claim left the claim
+    /// held for good, and the activity closed.
     pub async fn recompute_now(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
     ) -> Result<Vec<Rebuilt>> {
-        entry.available.store(false, Ordering::Release);
+        let (app, entry) = (Arc::clone(self), Arc::clone(entry));
+        tokio::spawn(async move { app.recompute_held(&entry).await })
+            .await
+            .map_err(|e| Error::Unavailable(format!("rebuild task failed: {e}")))?
+    }
+
+    async fn recompute_held(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> Result<Vec<Rebuilt>> {
+        entry.available.store(false, Ordering::SeqCst);
         // Wait for a running background recompute to finish, then take the slot.
         while entry
             .recomputing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
             .is_err()
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // A repair rebuilds whatever it finds, after every request made so far.
+        entry.rerun.store(0, Ordering::SeqCst);
         let out = self.recompute(entry, Cause::Repair).await;
         let label = if out.is_ok() { "ok" } else { "error" };
         self.metrics.recomputes.with_label_values(&[label]).inc();
         match out {
             Ok(r) => {
-                entry.available.store(true, Ordering::Release);
-                entry.recomputing.store(false, Ordering::Release);
+                entry.available.store(true, Ordering::SeqCst);
+                self.release_claim(entry);
                 let r = r.unwrap_or_default();
                 self.look_after_rebuild(entry, &r);
                 Ok(r)
@@ -730,8 +809,8 @@ impl App {
         fail::fail_point!("stockd::start_check::before");
         match self.start_check(&entry).await {
             Ok(None) => {
-                entry.available.store(true, Ordering::Release);
-                entry.recomputing.store(false, Ordering::Release);
+                entry.available.store(true, Ordering::SeqCst);
+                self.release_claim(&entry);
             }
             Ok(Some(cause)) => {
                 tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
@@ -744,7 +823,7 @@ impl App {
                 // The fence check opens it once Redis answers; it cannot tell a rewound
                 // shard without this check's MySQL read, so say so.
                 tracing::warn!(activity = entry.id(), error = %e, "start-up check failed; the fence check decides");
-                entry.recomputing.store(false, Ordering::Release);
+                self.release_claim(&entry);
             }
         }
     }
