@@ -363,6 +363,7 @@ impl App {
         }
         // A repair rebuilds whatever it finds, after every request made so far.
         entry.rerun.store(0, Ordering::SeqCst);
+        fail::fail_point!("stockd::repair::held");
         let out = self.recompute(entry, Cause::Repair).await;
         let label = if out.is_ok() { "ok" } else { "error" };
         self.metrics.recomputes.with_label_values(&[label]).inc();
