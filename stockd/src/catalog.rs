@@ -139,6 +139,13 @@ impl ActivityEntry {
     pub fn is_available(&self) -> bool {
         self.available.load(Ordering::Acquire)
     }
+    /// Takes the claim (`recomputing`) when nobody holds it; `SeqCst` for the hand-over
+    /// with `rerun` (`App::trigger_recompute`). Let go with `App::release_claim`.
+    pub fn try_claim(&self) -> bool {
+        self.recomputing
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
     /// Item ids in creation order.
     pub fn item_ids(&self) -> Vec<u64> {
         self.activity.items.iter().map(|i| i.id).collect()

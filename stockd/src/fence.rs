@@ -82,13 +82,7 @@ impl App {
         }
         // Opened under a claim: a rebuild asked for meanwhile waits for it (and closes
         // the entry again) instead of running while this check opens it.
-        if self.catalog.may_open()
-            && !entry.is_available()
-            && entry
-                .recomputing
-                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
+        if self.catalog.may_open() && !entry.is_available() && entry.try_claim() {
             entry.available.store(true, Ordering::SeqCst);
             self.release_claim(entry);
         }

@@ -64,7 +64,9 @@ pub struct Rebuilt {
 }
 
 /// Why a rebuild runs; decides how its lost reservations are counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// In order of strength (`Ord`): a `Repair` rebuilds whatever it finds, a `Lost` one
+/// stops when the state is back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Cause {
     /// A fence or a stock key is gone (LOST from a script, the fence check).
     Lost,
@@ -78,15 +80,9 @@ pub enum Cause {
 }
 
 impl Cause {
-    /// For [`ActivityEntry::rerun`]: larger is stronger (a `Repair` rebuilds whatever
-    /// it finds; a `Lost` one stops when the state is back).
+    /// For [`ActivityEntry::rerun`] (0 = none), in the causes' order.
     fn code(self) -> u8 {
-        match self {
-            Cause::Lost => 1,
-            Cause::Behind => 2,
-            Cause::Start => 3,
-            Cause::Repair => 4,
-        }
+        self as u8 + 1
     }
 
     fn from_code(code: u8) -> Option<Self> {
@@ -191,14 +187,7 @@ impl App {
         why: &str,
     ) {
         entry.available.store(false, Ordering::SeqCst);
-        loop {
-            if entry
-                .recomputing
-                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                break;
-            }
+        while !entry.try_claim() {
             entry.rerun.fetch_max(cause.code(), Ordering::SeqCst);
             if entry.recomputing.load(Ordering::SeqCst) {
                 return;
@@ -207,7 +196,7 @@ impl App {
         }
         // This rebuild starts after every request made so far: it answers them too.
         let asked = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst));
-        let cause = asked.map_or(cause, |c| if c.code() > cause.code() { c } else { cause });
+        let cause = asked.map_or(cause, |c| c.max(cause));
         tracing::warn!(activity = entry.id(), why, ?cause, "recomputing from MySQL");
         self.spawn_rebuild(entry, cause);
     }
@@ -354,11 +343,7 @@ impl App {
     async fn recompute_held(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> Result<Vec<Rebuilt>> {
         entry.available.store(false, Ordering::SeqCst);
         // Wait for a running background recompute to finish, then take the slot.
-        while entry
-            .recomputing
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_err()
-        {
+        while !entry.try_claim() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // A repair rebuilds whatever it finds, after every request made so far.
@@ -771,13 +756,7 @@ impl App {
             .catalog
             .all()
             .into_iter()
-            .filter(|entry| {
-                entry.end_ms() > now
-                    && entry
-                        .recomputing
-                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-            })
+            .filter(|entry| entry.end_ms() > now && entry.try_claim())
             .collect();
         self.catalog.set_opening();
         // Every activity stays closed until its own check: the checks run at once, a

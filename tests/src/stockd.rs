@@ -94,7 +94,7 @@ pub async fn spawn_stockd(
 ) -> StockdHandle {
     let mut config = stockd_config(deps);
     tweak(&mut config);
-    start_in_process(config).await
+    start_in_process(config, true).await
 }
 
 /// [`spawn_stockd`] that returns at once, ready or not: for a test of what a stockd
@@ -105,14 +105,10 @@ pub async fn spawn_stockd_starting(
 ) -> StockdHandle {
     let mut config = stockd_config(deps);
     tweak(&mut config);
-    start_in_process_with(config, false).await
+    start_in_process(config, false).await
 }
 
-async fn start_in_process(config: stockd::Config) -> StockdHandle {
-    start_in_process_with(config, true).await
-}
-
-async fn start_in_process_with(config: stockd::Config, wait_ready: bool) -> StockdHandle {
+async fn start_in_process(config: stockd::Config, wait_ready: bool) -> StockdHandle {
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind grpc");
@@ -753,6 +749,19 @@ pub async fn make_order(db: &crate::TestDb, a: u64, s: u64, user: &str, req: &st
 }
 
 /// GetStock, `None` when it fails.
+/// Waits up to `within` until GetStock says item `s` of activity `a` is available.
+pub async fn until_available(c: &StockClient, a: u64, s: u64, within: Duration) {
+    crate::process::wait_until_async("the activity available", within, || {
+        let mut c = c.clone();
+        async move {
+            stock_status(&mut c, a, s)
+                .await
+                .is_some_and(|st| st.available)
+        }
+    })
+    .await;
+}
+
 pub async fn stock_status(c: &mut StockClient, a: u64, s: u64) -> Option<pb::GetStockResponse> {
     c.get_stock(pb::GetStockRequest {
         activity_id: a,

@@ -15,20 +15,14 @@ use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::user_on_shard;
 use seckill_tests::stockd::{
     create_published_activity, crowd, make_order, reserve, shard_stock, spawn_stockd, stock_status,
-    take_call, StockClient, StockdHandle,
+    take_call, until_available, StockdHandle,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
-const HOUR: Duration = Duration::from_secs(3600);
+/// How long a test waits for an activity to open.
+const OPEN_WITHIN: Duration = Duration::from_secs(40);
 
-/// Waits until `c` answers GetStock with the activity available.
-async fn until_available(c: &StockClient, a: u64, s: u64) {
-    wait_until_async("the activity is available", Duration::from_secs(40), || {
-        let mut c = c.clone();
-        async move { matches!(stock_status(&mut c, a, s).await, Some(st) if st.available) }
-    })
-    .await;
-}
+const HOUR: Duration = Duration::from_secs(3600);
 
 fn recomputes(h: &StockdHandle, result: &str) -> u64 {
     h.metrics.recomputes.with_label_values(&[result]).get()
@@ -57,7 +51,7 @@ async fn two_stockd_that_find_the_state_lost_at_once_run_one_rebuild_and_the_sto
     let act = create_published_activity(&h1, &[(100, 100)], 8, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let (c1, c2) = (h1.stock_client().await, h2.stock_client().await);
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     for u in 0..30 {
         let mut c = if u % 2 == 0 { c1.clone() } else { c2.clone() };
         let (user, req) = (format!("u{u}"), "r".to_string());
@@ -79,8 +73,8 @@ async fn two_stockd_that_find_the_state_lost_at_once_run_one_rebuild_and_the_sto
     for r in [r1, r2] {
         assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
     }
-    until_available(&c1, a, s).await;
-    until_available(&c2, a, s).await;
+    until_available(&c1, a, s, OPEN_WITHIN).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     wait_until_async("both rebuild tasks ended", Duration::from_secs(30), || {
         let n = recomputes(&h1, "ok") + recomputes(&h1, "skipped");
         let m = recomputes(&h2, "ok") + recomputes(&h2, "skipped");
@@ -152,7 +146,7 @@ async fn a_stockd_that_starts_while_its_peer_serves_closes_no_shard() {
     // recompute_at_start is on by default: the newcomer checks and opens.
     let h2 = spawn_stockd(&deps, |c| assert!(c.stock.recompute_at_start)).await;
     let c2 = h2.stock_client().await;
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     let r = reserve(&mut c2.clone(), a, s, "newcomer", "r")
         .await
         .unwrap();
@@ -199,7 +193,7 @@ async fn a_stockd_that_starts_after_redis_lost_writes_rebuilds_before_it_opens()
         .unwrap();
     let h2 = spawn_stockd(&deps, |_| {}).await;
     let mut c2 = h2.stock_client().await;
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     assert_eq!(
         recomputes(&h2, "ok"),
         1,
@@ -261,7 +255,7 @@ async fn a_master_that_comes_back_empty_has_its_lost_reservations_counted_and_re
     cluster.restart_node(0);
     // Nothing is RESERVED from the empty node's shards before they are rebuilt: the
     // scripts find no fence there and stockd answers UNAVAILABLE.
-    until_available(&c, a, s).await;
+    until_available(&c, a, s, OPEN_WITHIN).await;
     assert_eq!(
         h.metrics
             .lost_reservations
@@ -300,7 +294,7 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
     let act = create_published_activity(&h1, &[(24, 100)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let (mut c1, c2) = (h1.stock_client().await, h2.stock_client().await);
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     let redis = cluster.client().await;
     // stockd 1 reserves on every shard: its mark of each is the warm-up's epoch.
     let mut sold = 0;
@@ -318,7 +312,7 @@ async fn a_take_under_an_epoch_before_a_peers_rebuild_takes_nothing_and_moves_st
     let lost = user_on_shard("lost", 3, SHARDS);
     let r = reserve(&mut c2.clone(), a, s, &lost, "r").await;
     assert_eq!(r.unwrap_err().code(), tonic::Code::Unavailable);
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     assert_eq!(recomputes(&h1, "ok"), 0, "stockd 1 rebuilt nothing");
     let new = fences(&redis, a, SHARDS).await;
     assert!(
@@ -388,7 +382,7 @@ async fn a_stockds_first_take_on_a_donor_it_never_served_carries_the_donors_epoc
     let (a, s) = (act.id, act.items[0].id);
     let h2 = spawn_stockd(&deps, |c| c.stock.fence_check_ms = 600_000).await;
     let mut c2 = h2.stock_client().await;
-    until_available(&c2, a, s).await;
+    until_available(&c2, a, s, OPEN_WITHIN).await;
     let redis = cluster.client().await;
     let epochs = fences(&redis, a, SHARDS).await;
     let donor_epoch = epochs[1].clone().expect("shard 1 open");

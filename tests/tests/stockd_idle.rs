@@ -23,9 +23,12 @@ use seckill_proto::pb::{self, ReserveOutcome};
 use seckill_tests::process::wait_until_async;
 use seckill_tests::stockd::{
     create_published_activity, create_published_activity_with, reserve, spawn_stockd,
-    spawn_stockd_process, stock_status, StockClient, StockdProcess,
+    spawn_stockd_process, until_available, StockClient, StockdProcess,
 };
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
+
+/// How long a test waits for an activity to open.
+const OPEN_WITHIN: Duration = Duration::from_secs(60);
 
 const SHARDS: u32 = 8;
 /// `stock.fence_check_ms` and `stock.schedule_poll_ms`: ten periods a second.
@@ -122,17 +125,9 @@ async fn publish_many(stockd: &StockdProcess, n: usize) -> Vec<(u64, u64)> {
         .await;
     let c = stockd.stock_client().await;
     for &(a, s) in &made {
-        until_available(&c, a, s).await;
+        until_available(&c, a, s, OPEN_WITHIN).await;
     }
     made
-}
-
-async fn until_available(c: &StockClient, a: u64, s: u64) {
-    wait_until_async("the activity open", Duration::from_secs(60), || {
-        let mut c = c.clone();
-        async move { matches!(stock_status(&mut c, a, s).await, Some(st) if st.available) }
-    })
-    .await;
 }
 
 /// The child-process stockd with fast periods and `round` shards per fence period.
@@ -221,7 +216,7 @@ async fn an_idle_stockd_sends_the_same_trickle_for_16_or_48_activities_and_still
     })
     .await;
     let c = stockd.stock_client().await;
-    until_available(&c, a, s).await;
+    until_available(&c, a, s, OPEN_WITHIN).await;
     eprintln!(
         "a lone deleted fence rebuilt after {:.2} s (round bound 2.4 s)",
         t0.elapsed().as_secs_f64()
@@ -244,7 +239,7 @@ async fn an_idle_stockd_sends_the_same_trickle_for_16_or_48_activities_and_still
             },
         )
         .await;
-        until_available(&c, a, s).await;
+        until_available(&c, a, s, OPEN_WITHIN).await;
     }
     eprintln!(
         "all 48 activities rebuilt {:.2} s after a flush",

@@ -17,9 +17,8 @@ use std::time::Duration;
 use fred::prelude::*;
 use seckill_lua::keys;
 use seckill_proto::pb::ReserveOutcome;
-use seckill_tests::process::wait_until_async;
 use seckill_tests::redis::user_on_shard;
-use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd, stock_status};
+use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd, until_available};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 const BEFORE_RELEASE: &str = "stockd::rebuild::before_release";
@@ -77,15 +76,7 @@ async fn a_rebuild_asked_for_as_another_finishes_runs_after_it() {
 
     // Let go: the rebuild asked for meanwhile runs, and the sale opens with its fence.
     go_tx.send(()).unwrap();
-    wait_until_async("the sale open again", Duration::from_secs(20), || {
-        let mut c = c.clone();
-        async move {
-            stock_status(&mut c, a, s)
-                .await
-                .is_some_and(|st| st.available)
-        }
-    })
-    .await;
+    until_available(&c, a, s, Duration::from_secs(20)).await;
     fail::remove(BEFORE_RELEASE);
     assert_eq!(ok(), 2, "the second rebuild ran");
     let fence: Option<String> = redis.get(keys::fence(a, 0)).await.unwrap();

@@ -16,8 +16,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use seckill_lua::keys;
 use seckill_proto::pb::{self, ReserveOutcome};
-use seckill_tests::process::wait_until_async;
-use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd, stock_status};
+use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd, until_available};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
 
 const HELD: &str = "stockd::repair::held";
@@ -58,15 +57,7 @@ async fn a_publish_call_cancelled_during_its_rebuild_leaves_the_sale_open_after_
 
     // The rebuild goes on without its caller and opens the sale.
     let mut c = h.stock_client().await;
-    wait_until_async("the sale open again", Duration::from_secs(20), || {
-        let mut c = c.clone();
-        async move {
-            stock_status(&mut c, a, s)
-                .await
-                .is_some_and(|st| st.available)
-        }
-    })
-    .await;
+    until_available(&c, a, s, Duration::from_secs(20)).await;
     fail::remove(HELD);
     let r = reserve(&mut c, a, s, "buyer", "r").await.expect("reserve");
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
