@@ -192,12 +192,19 @@ async fn a_client_that_skips_the_queue_never_gets_a_purchase_token() {
     );
     let r = gw.token_admitted(&bot, a, five, Some("v1.pt.eA.eA")).await;
     assert_eq!((r.status, r.code()), (403, "bad_admission_token"));
-    let bot_place = gw.room_join(&bot, a, None).await.body["position_token"]
+    // The room is paused while the bot joins: with nobody ahead, a tick landing between
+    // the join and its answer would admit the bot at once, and the answer would carry an
+    // admission token instead of the position token this check needs.
+    gw.room_knobs_ok(a, json!({"paused": true})).await;
+    wait_status(&gw, a, "paused", json!(true)).await;
+    let r = gw.room_join(&bot, a, None).await;
+    let bot_place = r.body["position_token"]
         .as_str()
-        .unwrap()
+        .unwrap_or_else(|| panic!("a paused room's join answers a place: {}", r.body))
         .to_string();
     let r = gw.token_admitted(&bot, a, five, Some(&bot_place)).await;
     assert_eq!((r.status, r.code()), (403, "bad_admission_token"));
+    gw.room_knobs_ok(a, json!({"paused": false})).await;
 
     let admission = gw.room_wait_admitted(&human, a).await;
     let r = gw.token_admitted(&bot, a, five, Some(&admission)).await;
