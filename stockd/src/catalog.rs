@@ -4,11 +4,12 @@
 //! activity's shards are being recomputed. Refreshed from MySQL by a background loop.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use seckill_proto::pb;
 
+use crate::gate::Gate;
 use crate::mover::Mover;
 use crate::shard::{Gap, HighWater, ShardQueue, ShardState};
 
@@ -28,16 +29,11 @@ pub struct ItemEntry {
 pub struct ActivityEntry {
     pub activity: pb::Activity,
     pub items: HashMap<u64, ItemEntry>,
-    /// False until the start-up check or the fence check opened it (the fence check
-    /// only once [`Catalog::may_open`]), and while recomputing.
-    pub available: AtomicBool,
-    /// True while a recompute task runs (at most one per activity and process), or the
-    /// start-up check or an open holds the entry: its claim.
-    pub recomputing: AtomicBool,
-    /// A rebuild asked for while the entry was claimed: its cause
-    /// (`crate::recompute::Cause::code`, 0 = none), the strongest asked. Whoever lets go
-    /// of the claim runs it (`App::release_claim`).
-    pub rerun: AtomicU8,
+    /// Open (Reserve sells), claimed (a rebuild, the start-up check or an open holds
+    /// it; at most one per activity and process), and the rebuild asked of the holder.
+    /// Closed until the start-up check or the fence check opened it (the fence check
+    /// only once [`Catalog::may_open`]), and while rebuilding.
+    pub gate: Gate,
     /// When the last rebuild a failed move asked for started, and whether one waits
     /// (`stock.move_repair_gap_ms`).
     pub move_repair: Mutex<crate::recompute::MoveRepair>,
@@ -69,9 +65,7 @@ impl ActivityEntry {
             .collect();
         Self {
             items,
-            available: AtomicBool::new(available),
-            recomputing: AtomicBool::new(false),
-            rerun: AtomicU8::new(0),
+            gate: Gate::new(available),
             move_repair: Mutex::default(),
             rotation: AtomicU32::new(0),
             shard_state: (0..activity_shards(&activity))
@@ -137,14 +131,15 @@ impl ActivityEntry {
         self.activity.end_at_ms
     }
     pub fn is_available(&self) -> bool {
-        self.available.load(Ordering::Acquire)
+        self.gate.is_open()
     }
-    /// Takes the claim (`recomputing`) when nobody holds it; `SeqCst` for the hand-over
-    /// with `rerun` (`App::trigger_recompute`). Let go with `App::release_claim`.
+    /// True while a rebuild, the start-up check or an open holds the entry.
+    pub fn is_claimed(&self) -> bool {
+        self.gate.is_claimed()
+    }
+    /// Takes the claim when nobody holds it. Let go with `App::release_claim`.
     pub fn try_claim(&self) -> bool {
-        self.recomputing
-            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+        self.gate.try_claim()
     }
     /// Item ids in creation order.
     pub fn item_ids(&self) -> Vec<u64> {
@@ -218,7 +213,7 @@ impl Catalog {
     /// back rewound (MySQL holds reservations past its sequence), and an entry it
     /// opened before the start-up check reached it sold on that shard, reusing
     /// reservation ids that orderd then dead-letters. Read before the entry's
-    /// `recomputing` (Acquire), which the claims set before this flag (Release).
+    /// claim (Acquire), which the claims set before this flag (Release).
     pub fn may_open(&self) -> bool {
         self.opening.load(Ordering::Acquire)
     }

@@ -29,7 +29,6 @@
 //! until a check finds it (docs/stockd.md, Known limits): the reason a failover, the
 //! usual cause of a rewind, makes the next period a full pass.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,8 +82,7 @@ impl App {
         // Opened under a claim: a rebuild asked for meanwhile waits for it (and closes
         // the entry again) instead of running while this check opens it.
         if self.catalog.may_open() && !entry.is_available() && entry.try_claim() {
-            entry.available.store(true, Ordering::SeqCst);
-            self.release_claim(entry);
+            self.open_and_release(entry);
         }
         false
     }
@@ -106,10 +104,7 @@ impl App {
         let now = now_ms();
         let mut found = false;
         for entry in self.catalog.all() {
-            if !on_cluster(&entry, cluster)
-                || entry.end_ms() <= now
-                || entry.recomputing.load(Ordering::Acquire)
-            {
+            if !on_cluster(&entry, cluster) || entry.end_ms() <= now || entry.is_claimed() {
                 continue;
             }
             found |= self.check_activity(&entry).await;
@@ -127,10 +122,7 @@ impl App {
         let mut open: Vec<Arc<ActivityEntry>> = Vec::new();
         let mut found = false;
         for entry in self.catalog.all() {
-            if !on_cluster(&entry, cluster)
-                || entry.end_ms() <= now
-                || entry.recomputing.load(Ordering::Acquire)
-            {
+            if !on_cluster(&entry, cluster) || entry.end_ms() <= now || entry.is_claimed() {
                 continue;
             }
             if entry.is_available() {

@@ -31,6 +31,7 @@ pub mod db;
 pub mod domain;
 pub mod error;
 pub mod fence;
+pub mod gate;
 pub mod lease;
 pub mod metrics;
 pub mod mover;

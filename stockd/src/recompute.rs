@@ -32,7 +32,6 @@
 //! peers serve leaves their open shards alone.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,7 +79,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    /// For [`ActivityEntry::rerun`] (0 = none), in the causes' order.
+    /// For the request a [`crate::gate::Gate`] holds (0 = none), in the causes' order.
     fn code(self) -> u8 {
         self as u8 + 1
     }
@@ -172,42 +171,51 @@ type Mark = (Option<String>, u64);
 
 impl App {
     /// Marks the activity unavailable and starts a rebuild, or, when the entry is
-    /// claimed (a rebuild runs, the start-up check or an open holds it), asks the holder
-    /// to run one once it lets go ([`Self::release_claim`]). A rebuild that is finishing
-    /// may have read the shards before what this call is for: dropping the call left the
-    /// entry closed with no rebuild until the next fence check.
-    ///
-    /// The hand-over is Dekker's: this call sets `rerun`, then reads the claim; the
-    /// holder clears the claim, then reads `rerun` (all `SeqCst`), so at least one of
-    /// the two sees the other's write and nobody's request is lost.
+    /// claimed (a rebuild runs, the start-up check or an open holds it), leaves the
+    /// rebuild to the holder, which runs it before it opens or as it lets go
+    /// (`crate::gate`). A rebuild that is finishing may have read the shards before
+    /// what this call is for: dropping the call left the entry closed with no rebuild
+    /// until the next fence check; letting the holder open over it sold on that state.
     pub fn trigger_recompute(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
         cause: Cause,
         why: &str,
     ) {
-        entry.available.store(false, Ordering::SeqCst);
-        while !entry.try_claim() {
-            entry.rerun.fetch_max(cause.code(), Ordering::SeqCst);
-            if entry.recomputing.load(Ordering::SeqCst) {
-                return;
-            }
-            // Let go meanwhile (its read of `rerun` may have come first): claim it here.
+        // Claimed here: this rebuild starts after every request made so far.
+        if let Some(code) = entry.gate.close_and_ask(cause.code()) {
+            let cause = Cause::from_code(code).unwrap_or(cause);
+            tracing::warn!(activity = entry.id(), why, ?cause, "recomputing from MySQL");
+            self.spawn_rebuild(entry, cause);
         }
-        // This rebuild starts after every request made so far: it answers them too.
-        let asked = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst));
-        let cause = asked.map_or(cause, |c| c.max(cause));
-        tracing::warn!(activity = entry.id(), why, ?cause, "recomputing from MySQL");
-        self.spawn_rebuild(entry, cause);
     }
 
-    /// Lets go of the claim on `entry` and starts the rebuild asked for while it was
-    /// held, if any (see [`Self::trigger_recompute`]).
-    pub(crate) fn release_claim(self: &Arc<Self>, entry: &Arc<ActivityEntry>) {
-        entry.recomputing.store(false, Ordering::SeqCst);
-        if let Some(cause) = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst)) {
-            self.trigger_recompute(entry, cause, "asked for while the activity was held");
+    /// The holder of `entry` opens it and lets go; a rebuild asked for meanwhile runs
+    /// first instead, under the same claim.
+    pub(crate) fn open_and_release(self: &Arc<Self>, entry: &Arc<ActivityEntry>) {
+        match entry.gate.open_held() {
+            Ok(()) => self.release_claim(entry),
+            Err(code) => self.rebuild_asked(entry, code),
         }
+    }
+
+    /// Lets go of the claim on `entry`, or, when a rebuild was asked for while it was
+    /// held, keeps it and runs that rebuild.
+    pub(crate) fn release_claim(self: &Arc<Self>, entry: &Arc<ActivityEntry>) {
+        if let Err(code) = entry.gate.release() {
+            self.rebuild_asked(entry, code);
+        }
+    }
+
+    /// Runs the rebuild asked of the holder (`code`), under its claim.
+    fn rebuild_asked(self: &Arc<Self>, entry: &Arc<ActivityEntry>, code: u8) {
+        let cause = Cause::from_code(code).unwrap_or(Cause::Repair);
+        tracing::warn!(
+            activity = entry.id(),
+            ?cause,
+            "recomputing from MySQL: asked for while the activity was held"
+        );
+        self.spawn_rebuild(entry, cause);
     }
 
     /// A move (rebalancing take or give) ended in a way that may have left units taken
@@ -221,7 +229,7 @@ impl App {
             .ask(
                 Instant::now(),
                 Duration::from_millis(self.config.stock.move_repair_gap_ms),
-                entry.recomputing.load(Ordering::Acquire),
+                entry.is_claimed(),
             );
         let label = match decision {
             Repair::Now => "now",
@@ -254,7 +262,7 @@ impl App {
         tokio::spawn(async move {
             let ready = async {
                 tokio::time::sleep(wait).await;
-                while entry.recomputing.load(Ordering::Acquire) {
+                while entry.is_claimed() {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             };
@@ -280,8 +288,25 @@ impl App {
         }
     }
 
+    /// After a rebuild, under its claim: opens the activity, or answers the rebuild
+    /// asked for while it ran (`None`: opened). Most such requests under load are the
+    /// rebuild's own doing (a reservation in flight met its close and answered LOST): a
+    /// `Lost` one whose state is back already opens at once.
+    async fn reopen(&self, entry: &ActivityEntry) -> Option<Cause> {
+        loop {
+            // The test suite asks for a rebuild here, between the rebuild's last read
+            // and its open (`stockd_rebuild_rerun`).
+            fail::fail_point!("stockd::rebuild::before_open");
+            let code = entry.gate.open_held().err()?;
+            let again = Cause::from_code(code).unwrap_or(Cause::Repair);
+            if again != Cause::Lost || !self.intact(entry).await.unwrap_or(false) {
+                return Some(again);
+            }
+        }
+    }
+
     /// Runs the rebuild in the background, retrying until it succeeds or the process
-    /// shuts down; the caller has set `recomputing`. The task clears it.
+    /// shuts down; the caller holds the claim, and the task lets go of it.
     fn spawn_rebuild(self: &Arc<Self>, entry: &Arc<ActivityEntry>, cause: Cause) {
         let app = self.clone();
         let entry = entry.clone();
@@ -294,22 +319,14 @@ impl App {
                         app.metrics.recomputes.with_label_values(&[label]).inc();
                         app.look_after_rebuild(&entry, &r.unwrap_or_default());
                         // Asked for again while this one ran: run again, still closed.
-                        // Most such requests under load are this rebuild's own doing (a
-                        // reservation in flight met its close and answered LOST): a
-                        // `Lost` one whose state is back already opens at once.
-                        let again = Cause::from_code(entry.rerun.swap(0, Ordering::SeqCst));
-                        if let Some(again) = again {
-                            let back =
-                                again == Cause::Lost && app.intact(&entry).await.unwrap_or(false);
-                            if !back {
+                        match app.reopen(&entry).await {
+                            None => break,
+                            Some(again) => {
                                 tracing::info!(activity = entry.id(), cause = ?again,
                                     "rebuilding again: asked for while the last rebuild ran");
                                 cause = again;
-                                continue;
                             }
                         }
-                        entry.available.store(true, Ordering::SeqCst);
-                        break;
                     }
                     Err(e) => {
                         app.metrics.recomputes.with_label_values(&["error"]).inc();
@@ -341,21 +358,22 @@ impl App {
     }
 
     async fn recompute_held(self: &Arc<Self>, entry: &Arc<ActivityEntry>) -> Result<Vec<Rebuilt>> {
-        entry.available.store(false, Ordering::SeqCst);
+        entry.gate.close();
         // Wait for a running background recompute to finish, then take the slot.
         while !entry.try_claim() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // A repair rebuilds whatever it finds, after every request made so far.
-        entry.rerun.store(0, Ordering::SeqCst);
+        // Closed again: the holder waited for may have opened it as it let go. A repair
+        // rebuilds whatever it finds, after every request made so far.
+        entry.gate.close();
+        entry.gate.take_asked();
         fail::fail_point!("stockd::repair::held");
         let out = self.recompute(entry, Cause::Repair).await;
         let label = if out.is_ok() { "ok" } else { "error" };
         self.metrics.recomputes.with_label_values(&[label]).inc();
         match out {
             Ok(r) => {
-                entry.available.store(true, Ordering::SeqCst);
-                self.release_claim(entry);
+                self.open_and_release(entry);
                 let r = r.unwrap_or_default();
                 self.look_after_rebuild(entry, &r);
                 Ok(r)
@@ -746,7 +764,7 @@ impl App {
 
     /// Runs [`Self::start_check`] on every open activity once, at start-up: an intact
     /// one opens, the others rebuild. Nothing opens an activity before it is checked:
-    /// every one is claimed (`recomputing`) before the first is checked, and only then
+    /// every one is claimed before the first is checked, and only then
     /// may the fence check open entries ([`crate::catalog::Catalog::may_open`]). (Claimed
     /// one at a time, the entries not reached yet were the fence check's to open, within
     /// a period, when the check of the ones before took longer than that.)
@@ -788,15 +806,12 @@ impl App {
     async fn check_one_at_start(self: Arc<Self>, entry: Arc<ActivityEntry>) {
         fail::fail_point!("stockd::start_check::before");
         match self.start_check(&entry).await {
-            Ok(None) => {
-                entry.available.store(true, Ordering::SeqCst);
-                self.release_claim(&entry);
-            }
+            Ok(None) => self.open_and_release(&entry),
             Ok(Some(cause)) => {
                 tracing::warn!(activity = entry.id(), ?cause, "rebuilding at start-up");
                 // Closed while it rebuilds (an entry this process's own publish put in
                 // the catalog before its first load is open).
-                entry.available.store(false, Ordering::Release);
+                entry.gate.close();
                 self.spawn_rebuild(&entry, cause);
             }
             Err(e) => {
