@@ -133,11 +133,13 @@ impl ActivityEntry {
     pub fn is_available(&self) -> bool {
         self.gate.is_open()
     }
-    /// True while a rebuild, the start-up check or an open holds the entry.
+    /// True while a rebuild (one a call waits for too), the start-up check or an open
+    /// holds the entry.
     pub fn is_claimed(&self) -> bool {
         self.gate.is_claimed()
     }
-    /// Takes the claim when nobody holds it. Let go with `App::release_claim`.
+    /// Takes the claim when nobody holds it. Let go with `App::open_and_release` or
+    /// `App::release_claim`.
     pub fn try_claim(&self) -> bool {
         self.gate.try_claim()
     }

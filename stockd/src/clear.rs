@@ -152,6 +152,9 @@ async fn clear_until_replicated(
     let mut pause = FIRST_PAUSE;
     loop {
         tokio::time::sleep(pause).await;
+        // The test suite holds the clears sent again here while it looks at what a
+        // failover left (`stockd_clear_ack`).
+        fail::fail_point!("stockd::clear::resend");
         pause = (pause * 2).min(LONGEST_PAUSE);
         if started.elapsed() > GIVE_UP_AFTER {
             tracing::warn!(

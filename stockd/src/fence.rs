@@ -79,8 +79,8 @@ impl App {
         if behind {
             return true;
         }
-        // Opened under a claim: a rebuild asked for meanwhile waits for it (and closes
-        // the entry again) instead of running while this check opens it.
+        // Opened under a claim: a rebuild asked for meanwhile keeps the entry closed, and
+        // this check starts it under the same claim (`open_and_release`).
         if self.catalog.may_open() && !entry.is_available() && entry.try_claim() {
             self.open_and_release(entry);
         }

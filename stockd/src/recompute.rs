@@ -294,8 +294,8 @@ impl App {
     /// `Lost` one whose state is back already opens at once.
     async fn reopen(&self, entry: &ActivityEntry) -> Option<Cause> {
         loop {
-            // The test suite asks for a rebuild here, between the rebuild's last read
-            // and its open (`stockd_rebuild_rerun`).
+            // The test suite holds the rebuild here, between its last read and its
+            // open, while a reservation asks for another (`stockd_reopen`).
             fail::fail_point!("stockd::rebuild::before_open");
             let code = entry.gate.open_held().err()?;
             let again = Cause::from_code(code).unwrap_or(Cause::Repair);
