@@ -87,6 +87,9 @@ impl App {
             tracing::info!(activity = id, publish_at_ms, "publish scheduled");
             return Ok((self.get_activity(id).await?, false));
         }
+        // The test suite holds a publish here, after its read of the activity
+        // (`stockd_late_warm`).
+        fail::fail_point!("stockd::publish::before_warm");
         let warmed = self.warm(&activity, published).await?;
         db::set_published(&self.db, id, now).await?;
         fail::fail_point!("stockd::publish::before_catalog");
@@ -111,7 +114,9 @@ impl App {
     async fn warm(self: &Arc<Self>, activity: &pb::Activity, published: bool) -> Result<bool> {
         let a = activity.id;
         let shards = activity.shard_count.max(1);
-        if published {
+        if published || !self.claim_warm_up(activity).await? {
+            // Published (or being published by another call): where a shard lost its
+            // state, the rebuild counts what MySQL and the shards hold.
             if self.fences_present(a, shards).await? {
                 self.write_meta(activity).await?;
                 return Ok(false);
@@ -140,6 +145,41 @@ impl App {
         }
         self.write_meta(activity).await?;
         Ok(wrote)
+    }
+
+    /// Whether this call warms the not yet published `activity` from a snapshot of
+    /// MySQL: only the one that claims the warm-up there (`db::claim_warm`). Every stockd
+    /// of a fleet runs a scheduled publish, so several publishes of one activity run at
+    /// once; a second warm-up from a snapshot could land on a shard after the sale began
+    /// there and its node came back empty (fence and lease gone, no rebuild yet), and put
+    /// the units it sold on sale again. The others wait for the claimant to publish, then
+    /// go the way of a published activity. One that waited past [`Self::warm_takeover`]
+    /// takes over the same way (the claimant may have died mid-way; a rebuild counts
+    /// whatever it wrote).
+    async fn claim_warm_up(&self, activity: &pb::Activity) -> Result<bool> {
+        let a = activity.id;
+        if db::claim_warm(&self.db, a, now_ms()).await? {
+            return Ok(true);
+        }
+        let until = std::time::Instant::now() + self.warm_takeover(activity);
+        while std::time::Instant::now() < until {
+            if self.get_activity(a).await?.status == pb::ActivityStatus::Published as i32 {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tracing::warn!(
+            activity = a,
+            "another publish claimed the warm-up and has not published the activity; rebuilding from MySQL instead"
+        );
+        Ok(false)
+    }
+
+    /// How long a publish waits for the one that claimed the warm-up: its Redis calls
+    /// (one per shard and the meta) at `redis.timeout_ms` each, and 2 s for MySQL.
+    fn warm_takeover(&self, activity: &pb::Activity) -> Duration {
+        let calls = u64::from(activity.shard_count.max(1)) + 2;
+        Duration::from_millis(calls * self.config.redis.timeout_ms + 2000)
     }
 
     /// Writes `sk:{a}:meta` and adds the activity to `sk:activities`.

@@ -246,6 +246,20 @@ pub async fn set_published(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<()>
     Ok(())
 }
 
+/// Claims the warm-up of a not yet published activity from a snapshot: true for the one
+/// call that set `warm_claimed_at` while it was unset (see `AdminService` publish).
+pub async fn claim_warm(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<bool> {
+    let r = sqlx::query(
+        "UPDATE activities SET warm_claimed_at = ? \
+         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claimed_at IS NULL",
+    )
+    .bind(to_dt(now_ms))
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
 /// Schedules the warm-up of a not yet published activity at `at_ms`.
 pub async fn set_scheduled(pool: &MySqlPool, id: u64, at_ms: i64) -> Result<()> {
     sqlx::query(

@@ -91,6 +91,73 @@ async fn publishing_twice_never_adds_stock() {
     assert_eq!(shards, "4");
 }
 
+/// A publish whose warm-up another call claimed and never finished (that stockd died
+/// after its claim in MySQL) waits for it, then takes over with a rebuild from MySQL: the
+/// sale opens with all its units, and a publish that follows finds it published.
+#[tokio::test]
+async fn a_warm_up_claimed_and_never_finished_is_taken_over() {
+    init_tracing();
+    let cluster = RedisCluster::start();
+    let db = TestDb::create().await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 200).await;
+    let mut admin = h.admin_client().await;
+    let a = admin
+        .create_activity(good_request())
+        .await
+        .unwrap()
+        .into_inner();
+    let claimed = sqlx::query("UPDATE activities SET warm_claimed_at = NOW(3) WHERE id = ?")
+        .bind(a.id)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(claimed.rows_affected(), 1);
+    let started = std::time::Instant::now();
+    let taken = admin
+        .publish_activity(pb::PublishActivityRequest {
+            activity_id: a.id,
+            publish_at_ms: 0,
+        })
+        .await
+        .expect("a publish that takes over")
+        .into_inner();
+    // (4 shards + 2) × 200 ms + 2 s: it waited for the claimant first.
+    assert!(
+        started.elapsed() >= Duration::from_millis(3200),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(taken.warmed, "the takeover rebuilt the shards");
+    let act = taken.activity.unwrap();
+    assert_eq!(act.status, pb::ActivityStatus::Published as i32);
+    let s = a.items[0].id;
+    let redis = cluster.client().await;
+    assert_eq!(
+        shard_stock(&redis, a.id, s, 4).await.iter().sum::<i64>(),
+        10
+    );
+    seckill_tests::stockd::until_available(
+        &h.stock_client().await,
+        a.id,
+        s,
+        Duration::from_secs(20),
+    )
+    .await;
+    let mut c = h.stock_client().await;
+    let r = reserve(&mut c, a.id, s, "u1", "r1").await.unwrap();
+    assert_eq!(r.outcome(), ReserveOutcome::Reserved);
+    let again = admin
+        .publish_activity(pb::PublishActivityRequest {
+            activity_id: a.id,
+            publish_at_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!again.warmed);
+    assert_eq!(shard_stock(&redis, a.id, s, 4).await.iter().sum::<i64>(), 9);
+}
+
 /// A publish's warm-up may land late: it read the activity unpublished, another stockd
 /// published it meanwhile, sold, and a rebuild closed a shard (fence deleted, its
 /// fencing token in the lease key). Unforced, WARM writes only where neither a fence nor
