@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use seckill_lua::calls::{WarmCall, Warmed};
 use seckill_lua::clock::now_ms;
@@ -28,6 +28,20 @@ use crate::catalog::ActivityEntry;
 use crate::db;
 use crate::domain::NewActivity;
 use crate::error::{invalid, Error, Result};
+
+/// What a publish of a not yet published activity does ([`App::warm_claim`]).
+enum Warm {
+    /// Warm from a snapshot: this call made the first claim, and sends no `WARM` after
+    /// the deadline.
+    Snapshot(Instant),
+    /// Another call published it: as for a published activity.
+    AsPublished,
+    /// This call took a claim that had run out of time over: as for a published
+    /// activity, which it is about to be.
+    TakenOver,
+    /// Another call's claim is running, and this call does not wait.
+    Busy,
+}
 
 impl App {
     pub async fn create_activity(&self, req: &pb::CreateActivityRequest) -> Result<pb::Activity> {
@@ -61,12 +75,26 @@ impl App {
     }
 
     /// Publishes now (`publish_at_ms` 0 or past) or schedules. Returns the activity
-    /// and whether this call warmed Redis.
+    /// and whether this call warmed Redis. A publish that finds another call warming
+    /// the activity waits for it (see [`Self::warm_claim`]).
     pub async fn publish(
         self: &Arc<Self>,
         id: u64,
         publish_at_ms: i64,
     ) -> Result<(pb::Activity, bool)> {
+        let published = self.publish_with(id, publish_at_ms, true).await?;
+        published.ok_or_else(|| Error::Unavailable(format!("activity {id} is being published")))
+    }
+
+    /// [`Self::publish`]; with `wait` false, `None` when another call is warming the
+    /// activity (the scheduled publish: every stockd of a fleet runs it, and the refresh
+    /// loop must not stall behind another's warm-up).
+    async fn publish_with(
+        self: &Arc<Self>,
+        id: u64,
+        publish_at_ms: i64,
+        wait: bool,
+    ) -> Result<Option<(pb::Activity, bool)>> {
         if publish_at_ms < 0 {
             return Err(invalid("publish_at_ms", "must not be negative"));
         }
@@ -85,12 +113,14 @@ impl App {
             }
             db::set_scheduled(&self.db, id, publish_at_ms).await?;
             tracing::info!(activity = id, publish_at_ms, "publish scheduled");
-            return Ok((self.get_activity(id).await?, false));
+            return Ok(Some((self.get_activity(id).await?, false)));
         }
         // The test suite holds a publish here, after its read of the activity
         // (`stockd_late_warm`).
         fail::fail_point!("stockd::publish::before_warm");
-        let warmed = self.warm(&activity, published).await?;
+        let Some(warmed) = self.warm(&activity, published, wait).await? else {
+            return Ok(None);
+        };
         db::set_published(&self.db, id, now).await?;
         fail::fail_point!("stockd::publish::before_catalog");
         let activity = self.get_activity(id).await?;
@@ -108,28 +138,88 @@ impl App {
             .publish(keys::ACTIVITIES_CHANNEL, id.to_string())
             .await?;
         tracing::info!(activity = id, warmed, "published");
-        Ok((activity, warmed))
+        Ok(Some((activity, warmed)))
     }
 
-    async fn warm(self: &Arc<Self>, activity: &pb::Activity, published: bool) -> Result<bool> {
+    /// Warms Redis for a publish: `Some(wrote)`, or `None` when another call is warming
+    /// the activity and `wait` is false.
+    async fn warm(
+        self: &Arc<Self>,
+        activity: &pb::Activity,
+        published: bool,
+        wait: bool,
+    ) -> Result<Option<bool>> {
+        let a = activity.id;
+        let claim = if published {
+            Warm::AsPublished
+        } else {
+            self.warm_claim(activity, wait).await?
+        };
+        let deadline = match claim {
+            Warm::Busy => return Ok(None),
+            Warm::AsPublished => return self.warm_as_published(a, false).await.map(Some),
+            Warm::TakenOver => return self.warm_as_published(a, true).await.map(Some),
+            Warm::Snapshot(deadline) => deadline,
+        };
+        match self.warm_from_snapshot(activity, deadline).await {
+            Ok(Some(wrote)) => Ok(Some(wrote)),
+            // Past the deadline a takeover may be rebuilding it: so does this call.
+            Ok(None) => self.warm_as_published(a, true).await.map(Some),
+            Err(e) => {
+                // Nothing sells before the activity is PUBLISHED: a publish retried now
+                // may take over at once (and rebuilds, counting what this one wrote).
+                if let Err(e) = db::abandon_warm(&self.db, a).await {
+                    tracing::warn!(activity = a, error = %e, "cannot give the failed warm-up's claim back");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The warm-up of a published activity (or one this call took over: `taken`): meta
+    /// when every fence is there, else a rebuild from MySQL, which counts what MySQL and
+    /// the shards hold.
+    async fn warm_as_published(self: &Arc<Self>, a: u64, taken: bool) -> Result<bool> {
+        // Read again: the status and version the publish that warmed it set.
+        let mut activity = self.get_activity(a).await?;
+        if self.fences_present(a, activity.shard_count.max(1)).await? {
+            self.write_meta(&activity).await?;
+            return Ok(false);
+        }
+        if taken {
+            // This call publishes it once the rebuild is done: the catalog keeps the
+            // entry made here.
+            activity.status = pb::ActivityStatus::Published as i32;
+        }
+        let (entry, _) = self.catalog.insert(activity, false);
+        self.recompute_now(&entry).await?;
+        Ok(true)
+    }
+
+    /// The first warm-up of `activity`, from a snapshot of MySQL: `Some(wrote)`, or
+    /// `None` when `deadline` came before every shard was sent its `WARM` (a takeover may
+    /// have begun; see [`Self::warm_claim`]).
+    async fn warm_from_snapshot(
+        &self,
+        activity: &pb::Activity,
+        deadline: Instant,
+    ) -> Result<Option<bool>> {
         let a = activity.id;
         let shards = activity.shard_count.max(1);
-        if published || !self.claim_warm_up(activity).await? {
-            // Published (or being published by another call): where a shard lost its
-            // state, the rebuild counts what MySQL and the shards hold.
-            if self.fences_present(a, shards).await? {
-                self.write_meta(activity).await?;
-                return Ok(false);
-            }
-            let (entry, _) = self.catalog.insert(activity.clone(), false);
-            self.recompute_now(&entry).await?;
-            return Ok(true);
-        }
         // Units not yet taken by an order (equal to the total before the sale).
         let (records, _) = db::snapshot(&self.db, a, &[]).await?;
         let epoch = epoch_from_millis(now_ms().max(0) as u64);
+        let call_time = Duration::from_millis(self.config.redis.timeout_ms);
         let mut wrote = false;
         for i in 0..shards {
+            if Instant::now() + call_time >= deadline {
+                tracing::warn!(
+                    activity = a,
+                    shard = i,
+                    "the warm-up ran out of its claim's time; rebuilding from MySQL instead"
+                );
+                return Ok(None);
+            }
             let mut warm = WarmCall::new(a, i, &epoch, false);
             for rec in &records {
                 warm.push(
@@ -144,42 +234,55 @@ impl App {
             wrote |= r.as_i64().map(Warmed::from_reply) == Some(Warmed::Wrote);
         }
         self.write_meta(activity).await?;
-        Ok(wrote)
+        Ok(Some(wrote))
     }
 
-    /// Whether this call warms the not yet published `activity` from a snapshot of
-    /// MySQL: only the one that claims the warm-up there (`db::claim_warm`). Every stockd
-    /// of a fleet runs a scheduled publish, so several publishes of one activity run at
-    /// once; a second warm-up from a snapshot could land on a shard after the sale began
-    /// there and its node came back empty (fence and lease gone, no rebuild yet), and put
-    /// the units it sold on sale again. The others wait for the claimant to publish, then
-    /// go the way of a published activity. One that waited past [`Self::warm_takeover`]
-    /// takes over the same way (the claimant may have died mid-way; a rebuild counts
-    /// whatever it wrote).
-    async fn claim_warm_up(&self, activity: &pb::Activity) -> Result<bool> {
+    /// Who warms the not yet published `activity` (`db::claim_warm`). Every stockd of a
+    /// fleet runs a scheduled publish, so several publishes of one activity run at once;
+    /// a second warm-up from a snapshot could land on a shard after the sale began there
+    /// and its node came back empty (fence and lease gone, no rebuild yet), and put the
+    /// units it sold on sale again. So only the call that makes the first claim warms
+    /// from a snapshot, and it sends no `WARM` past [`Self::warm_takeover`] from just
+    /// before its claim. The others wait until the activity is PUBLISHED (or, `wait`
+    /// false, give up at once), then go the way of a published activity; one that finds
+    /// the claim older than the takeover time, by MySQL's clock (the claimant died, or
+    /// ran out of time), claims it anew and rebuilds from MySQL (the rebuild counts
+    /// whatever the claimant wrote; nothing sold before PUBLISHED).
+    async fn warm_claim(&self, activity: &pb::Activity, wait: bool) -> Result<Warm> {
         let a = activity.id;
-        if db::claim_warm(&self.db, a, now_ms()).await? {
-            return Ok(true);
+        let takeover = self.warm_takeover(activity);
+        let deadline = Instant::now() + takeover;
+        if db::claim_warm(&self.db, a).await? {
+            // The test suite holds a claimant here (`stockd_late_warm`).
+            fail::fail_point!("stockd::publish::claimed");
+            return Ok(Warm::Snapshot(deadline));
         }
-        let until = std::time::Instant::now() + self.warm_takeover(activity);
-        while std::time::Instant::now() < until {
+        loop {
             if self.get_activity(a).await?.status == pb::ActivityStatus::Published as i32 {
-                return Ok(false);
+                return Ok(Warm::AsPublished);
+            }
+            if db::take_over_warm(&self.db, a, takeover).await? {
+                tracing::warn!(
+                    activity = a,
+                    "another publish claimed the warm-up and has not published the activity; rebuilding from MySQL instead"
+                );
+                return Ok(Warm::TakenOver);
+            }
+            if !wait {
+                return Ok(Warm::Busy);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tracing::warn!(
-            activity = a,
-            "another publish claimed the warm-up and has not published the activity; rebuilding from MySQL instead"
-        );
-        Ok(false)
     }
 
-    /// How long a publish waits for the one that claimed the warm-up: its Redis calls
-    /// (one per shard and the meta) at `redis.timeout_ms` each, and 2 s for MySQL.
+    /// How long the claimant of a warm-up has: its MySQL snapshot (twice
+    /// `mysql.acquire_timeout_ms`), its Redis calls (one per shard and the meta, at
+    /// `redis.timeout_ms` each), and 2 s.
     fn warm_takeover(&self, activity: &pb::Activity) -> Duration {
         let calls = u64::from(activity.shard_count.max(1)) + 2;
-        Duration::from_millis(calls * self.config.redis.timeout_ms + 2000)
+        Duration::from_millis(
+            calls * self.config.redis.timeout_ms + 2 * self.config.mysql.acquire_timeout_ms + 2000,
+        )
     }
 
     /// Writes `sk:{a}:meta` and adds the activity to `sk:activities`.
@@ -265,8 +368,9 @@ impl App {
             }
         }
         for id in db::due_scheduled(&self.db, now).await? {
-            match self.publish(id, 0).await {
-                Ok(_) => tracing::info!(activity = id, "scheduled publish done"),
+            match self.publish_with(id, 0, false).await {
+                Ok(Some(_)) => tracing::info!(activity = id, "scheduled publish done"),
+                Ok(None) => tracing::debug!(activity = id, "another stockd is warming it"),
                 Err(e) => tracing::warn!(activity = id, error = %e, "scheduled publish failed"),
             }
         }

@@ -246,18 +246,45 @@ pub async fn set_published(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<()>
     Ok(())
 }
 
-/// Claims the warm-up of a not yet published activity from a snapshot: true for the one
-/// call that set `warm_claimed_at` while it was unset (see `AdminService` publish).
-pub async fn claim_warm(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<bool> {
+/// Claims the first warm-up of a not yet published activity: true for the one call
+/// that set `warm_claimed_at` (MySQL's clock) while it was unset (`AdminService`
+/// publish, `App::warm_claim`).
+pub async fn claim_warm(pool: &MySqlPool, id: u64) -> Result<bool> {
     let r = sqlx::query(
-        "UPDATE activities SET warm_claimed_at = ? \
+        "UPDATE activities SET warm_claimed_at = NOW(3) \
          WHERE id = ? AND status <> 'PUBLISHED' AND warm_claimed_at IS NULL",
     )
-    .bind(to_dt(now_ms))
     .bind(id)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// Claims anew a warm-up whose claim is older than `takeover` by MySQL's clock: true for
+/// the one call that did.
+pub async fn take_over_warm(pool: &MySqlPool, id: u64, takeover: Duration) -> Result<bool> {
+    let r = sqlx::query(
+        "UPDATE activities SET warm_claimed_at = NOW(3) \
+         WHERE id = ? AND status <> 'PUBLISHED' \
+         AND warm_claimed_at < NOW(3) - INTERVAL ? MICROSECOND",
+    )
+    .bind(id)
+    .bind(takeover.as_micros() as u64)
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Gives a failed warm-up's claim back: the next publish takes it over at once.
+pub async fn abandon_warm(pool: &MySqlPool, id: u64) -> Result<()> {
+    sqlx::query(
+        "UPDATE activities SET warm_claimed_at = '1970-01-02 00:00:00' \
+         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claimed_at IS NOT NULL",
+    )
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Schedules the warm-up of a not yet published activity at `at_ms`.

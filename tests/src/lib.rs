@@ -19,6 +19,7 @@
 //! - [`grpc`]: reflection and health clients used to check every daemon the same way.
 #![forbid(unsafe_code)]
 
+pub mod failpoint;
 pub mod grpc;
 pub mod mysql;
 pub mod process;

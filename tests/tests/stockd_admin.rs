@@ -22,6 +22,21 @@ fn now_ms() -> i64 {
     seckill_lua::clock::now_ms()
 }
 
+/// `PublishActivity` of `id` now; panics on an error.
+async fn publish_now(
+    admin: &mut seckill_tests::stockd::AdminClient,
+    id: u64,
+) -> pb::PublishActivityResponse {
+    admin
+        .publish_activity(pb::PublishActivityRequest {
+            activity_id: id,
+            publish_at_ms: 0,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("publish {id}: {e:?}"))
+        .into_inner()
+}
+
 fn spec(stock: u32) -> pb::ItemSpec {
     pb::ItemSpec {
         title: "thing".into(),
@@ -57,27 +72,13 @@ async fn publishing_twice_never_adds_stock() {
         .unwrap()
         .into_inner();
     assert_eq!(a.status, pb::ActivityStatus::Draft as i32);
-    let first = admin
-        .publish_activity(pb::PublishActivityRequest {
-            activity_id: a.id,
-            publish_at_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let first = publish_now(&mut admin, a.id).await;
     assert!(first.warmed);
     let s = a.items[0].id;
     let mut c = h.stock_client().await;
     let r = reserve(&mut c, a.id, s, "u1", "r1").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
-    let second = admin
-        .publish_activity(pb::PublishActivityRequest {
-            activity_id: a.id,
-            publish_at_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let second = publish_now(&mut admin, a.id).await;
     assert!(!second.warmed);
     let redis = cluster.client().await;
     assert_eq!(shard_stock(&redis, a.id, s, 4).await.iter().sum::<i64>(), 9);
@@ -99,7 +100,11 @@ async fn a_warm_up_claimed_and_never_finished_is_taken_over() {
     init_tracing();
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
-    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| c.redis.timeout_ms = 200).await;
+    let h = spawn_stockd(&Deps::new(&cluster, &db), |c| {
+        c.redis.timeout_ms = 200;
+        c.mysql.acquire_timeout_ms = 500;
+    })
+    .await;
     let mut admin = h.admin_client().await;
     let a = admin
         .create_activity(good_request())
@@ -113,17 +118,10 @@ async fn a_warm_up_claimed_and_never_finished_is_taken_over() {
         .unwrap();
     assert_eq!(claimed.rows_affected(), 1);
     let started = std::time::Instant::now();
-    let taken = admin
-        .publish_activity(pb::PublishActivityRequest {
-            activity_id: a.id,
-            publish_at_ms: 0,
-        })
-        .await
-        .expect("a publish that takes over")
-        .into_inner();
-    // (4 shards + 2) × 200 ms + 2 s: it waited for the claimant first.
+    let taken = publish_now(&mut admin, a.id).await;
+    // (4 shards + 2) × 200 ms + 2 × 500 ms + 2 s: it waited for the claimant first.
     assert!(
-        started.elapsed() >= Duration::from_millis(3200),
+        started.elapsed() >= Duration::from_millis(4200),
         "{:?}",
         started.elapsed()
     );
@@ -146,14 +144,7 @@ async fn a_warm_up_claimed_and_never_finished_is_taken_over() {
     let mut c = h.stock_client().await;
     let r = reserve(&mut c, a.id, s, "u1", "r1").await.unwrap();
     assert_eq!(r.outcome(), ReserveOutcome::Reserved);
-    let again = admin
-        .publish_activity(pb::PublishActivityRequest {
-            activity_id: a.id,
-            publish_at_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = publish_now(&mut admin, a.id).await;
     assert!(!again.warmed);
     assert_eq!(shard_stock(&redis, a.id, s, 4).await.iter().sum::<i64>(), 9);
 }

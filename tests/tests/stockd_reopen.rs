@@ -16,13 +16,12 @@
 //!
 //! A test binary of its own: a fail point is process-wide.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use fred::prelude::*;
 use seckill_lua::keys;
 use seckill_proto::pb::ReserveOutcome;
+use seckill_tests::failpoint::Hold;
 use seckill_tests::redis::user_on_shard;
 use seckill_tests::stockd::{
     create_published_activity, reserve, set_shard_stock, spawn_stockd, stock_client,
@@ -35,45 +34,6 @@ const BEFORE_OPEN: &str = "stockd::rebuild::before_open";
 const BEFORE_RELEASE: &str = "stockd::rebuild::before_release";
 const HOUR: Duration = Duration::from_secs(3600);
 const SHARDS: u32 = 2;
-const WITHIN: Duration = Duration::from_secs(30);
-
-/// A fail point that, the first time it is reached, says so and waits until the test
-/// lets it go. The wait hands its runtime worker over (`block_in_place`): this stockd
-/// runs on the test's runtime.
-struct Hold {
-    reached: mpsc::Receiver<()>,
-    go: mpsc::Sender<()>,
-}
-
-impl Hold {
-    fn at(name: &str) -> Self {
-        let (reached_tx, reached) = mpsc::channel::<()>();
-        let (go, go_rx) = mpsc::channel::<()>();
-        let (reached_tx, go_rx) = (Mutex::new(reached_tx), Mutex::new(go_rx));
-        let once = Arc::new(AtomicBool::new(false));
-        fail::cfg_callback(name, move || {
-            if once.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            let _ = reached_tx.lock().unwrap().send(());
-            tokio::task::block_in_place(|| {
-                let _ = go_rx.lock().unwrap().recv_timeout(WITHIN);
-            });
-        })
-        .unwrap();
-        Self { reached, go }
-    }
-
-    /// Waits until the fail point is reached.
-    async fn reached(self, what: &str) -> mpsc::Sender<()> {
-        let Hold { reached, go } = self;
-        tokio::task::spawn_blocking(move || reached.recv_timeout(WITHIN))
-            .await
-            .unwrap()
-            .unwrap_or_else(|_| panic!("{what}"));
-        go
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_asked_for_just_before_another_opens_keeps_the_sale_closed() {
