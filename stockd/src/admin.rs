@@ -83,6 +83,7 @@ impl App {
         publish_at_ms: i64,
     ) -> Result<(pb::Activity, bool)> {
         let published = self.publish_with(id, publish_at_ms, true).await?;
+        // `None` only when it does not wait.
         published.ok_or_else(|| Error::Unavailable(format!("activity {id} is being published")))
     }
 
@@ -157,18 +158,20 @@ impl App {
         };
         let deadline = match claim {
             Warm::Busy => return Ok(None),
-            Warm::AsPublished => return self.warm_as_published(a, false).await.map(Some),
-            Warm::TakenOver => return self.warm_as_published(a, true).await.map(Some),
+            Warm::AsPublished => return self.warm_as_published(a).await.map(Some),
+            Warm::TakenOver => return self.take_over(a).await.map(Some),
             Warm::Snapshot(deadline) => deadline,
         };
         match self.warm_from_snapshot(activity, deadline).await {
             Ok(Some(wrote)) => Ok(Some(wrote)),
             // Past the deadline a takeover may be rebuilding it: so does this call.
-            Ok(None) => self.warm_as_published(a, true).await.map(Some),
+            Ok(None) => self.take_over(a).await.map(Some),
             Err(e) => {
-                // Nothing sells before the activity is PUBLISHED: a publish retried now
-                // may take over at once (and rebuilds, counting what this one wrote).
-                if let Err(e) = db::abandon_warm(&self.db, a).await {
+                // Nothing sells before the activity is PUBLISHED: a publish retried after
+                // one more Redis timeout takes over (and rebuilds, counting what this one
+                // wrote).
+                let gap = Duration::from_millis(self.config.redis.timeout_ms);
+                if let Err(e) = db::abandon_warm(&self.db, a, gap).await {
                     tracing::warn!(activity = a, error = %e, "cannot give the failed warm-up's claim back");
                 }
                 Err(e)
@@ -176,20 +179,24 @@ impl App {
         }
     }
 
-    /// The warm-up of a published activity (or one this call took over: `taken`): meta
-    /// when every fence is there, else a rebuild from MySQL, which counts what MySQL and
-    /// the shards hold.
-    async fn warm_as_published(self: &Arc<Self>, a: u64, taken: bool) -> Result<bool> {
+    /// A warm-up taken over (its claimant died, or ran out of time): the activity is
+    /// published first, and then warmed as a published one. Published with a fence
+    /// missing, it opens nowhere before a rebuild (a fence check or this call's); with
+    /// every fence there (the claimant died after its last `WARM`), it is as warm as it
+    /// would have been.
+    async fn take_over(self: &Arc<Self>, a: u64) -> Result<bool> {
+        db::set_published(&self.db, a, now_ms()).await?;
+        self.warm_as_published(a).await
+    }
+
+    /// The warm-up of a published activity: meta when every fence is there, else a
+    /// rebuild from MySQL, which counts what MySQL and the shards hold.
+    async fn warm_as_published(self: &Arc<Self>, a: u64) -> Result<bool> {
         // Read again: the status and version the publish that warmed it set.
-        let mut activity = self.get_activity(a).await?;
+        let activity = self.get_activity(a).await?;
         if self.fences_present(a, activity.shard_count.max(1)).await? {
             self.write_meta(&activity).await?;
             return Ok(false);
-        }
-        if taken {
-            // This call publishes it once the rebuild is done: the catalog keeps the
-            // entry made here.
-            activity.status = pb::ActivityStatus::Published as i32;
         }
         let (entry, _) = self.catalog.insert(activity, false);
         self.recompute_now(&entry).await?;
@@ -243,16 +250,21 @@ impl App {
     /// and its node came back empty (fence and lease gone, no rebuild yet), and put the
     /// units it sold on sale again. So only the call that makes the first claim warms
     /// from a snapshot, and it sends no `WARM` past [`Self::warm_takeover`] from just
-    /// before its claim. The others wait until the activity is PUBLISHED (or, `wait`
-    /// false, give up at once), then go the way of a published activity; one that finds
-    /// the claim older than the takeover time, by MySQL's clock (the claimant died, or
-    /// ran out of time), claims it anew and rebuilds from MySQL (the rebuild counts
-    /// whatever the claimant wrote; nothing sold before PUBLISHED).
+    /// before its claim, less a margin. The claim holds the claimant's own time in MySQL
+    /// (`warm_claim_until`), so a peer with other timeouts cannot cut it short. The
+    /// others wait until the activity is PUBLISHED (or, `wait` false, give up at once),
+    /// then go the way of a published activity; one that finds the claim run out by
+    /// MySQL's clock (the claimant died, or ran out of time) claims it anew, publishes
+    /// and rebuilds from MySQL (the rebuild counts whatever the claimant wrote; nothing
+    /// sold before PUBLISHED).
     async fn warm_claim(&self, activity: &pb::Activity, wait: bool) -> Result<Warm> {
         let a = activity.id;
         let takeover = self.warm_takeover(activity);
-        let deadline = Instant::now() + takeover;
-        if db::claim_warm(&self.db, a).await? {
+        // A margin of one Redis timeout and a second: the last `WARM` is answered (or
+        // given up on) well before a taker may act.
+        let margin = Duration::from_millis(self.config.redis.timeout_ms + 1000);
+        let deadline = Instant::now() + takeover.saturating_sub(margin);
+        if db::claim_warm(&self.db, a, takeover).await? {
             // The test suite holds a claimant here (`stockd_late_warm`).
             fail::fail_point!("stockd::publish::claimed");
             return Ok(Warm::Snapshot(deadline));

@@ -246,41 +246,45 @@ pub async fn set_published(pool: &MySqlPool, id: u64, now_ms: i64) -> Result<()>
     Ok(())
 }
 
-/// Claims the first warm-up of a not yet published activity: true for the one call
-/// that set `warm_claimed_at` (MySQL's clock) while it was unset (`AdminService`
-/// publish, `App::warm_claim`).
-pub async fn claim_warm(pool: &MySqlPool, id: u64) -> Result<bool> {
+/// Claims the first warm-up of a not yet published activity for `hold`: true for the
+/// one call that set `warm_claim_until` (MySQL's clock plus `hold`) while it was unset
+/// (`AdminService` publish, `App::warm_claim`).
+pub async fn claim_warm(pool: &MySqlPool, id: u64, hold: Duration) -> Result<bool> {
     let r = sqlx::query(
-        "UPDATE activities SET warm_claimed_at = NOW(3) \
-         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claimed_at IS NULL",
+        "UPDATE activities SET warm_claim_until = NOW(3) + INTERVAL ? MICROSECOND \
+         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claim_until IS NULL",
     )
+    .bind(hold.as_micros() as u64)
     .bind(id)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
 }
 
-/// Claims anew a warm-up whose claim is older than `takeover` by MySQL's clock: true for
+/// Claims anew, for `hold`, a warm-up whose claim has run out by MySQL's clock: true for
 /// the one call that did.
-pub async fn take_over_warm(pool: &MySqlPool, id: u64, takeover: Duration) -> Result<bool> {
+pub async fn take_over_warm(pool: &MySqlPool, id: u64, hold: Duration) -> Result<bool> {
     let r = sqlx::query(
-        "UPDATE activities SET warm_claimed_at = NOW(3) \
-         WHERE id = ? AND status <> 'PUBLISHED' \
-         AND warm_claimed_at < NOW(3) - INTERVAL ? MICROSECOND",
+        "UPDATE activities SET warm_claim_until = NOW(3) + INTERVAL ? MICROSECOND \
+         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claim_until < NOW(3)",
     )
+    .bind(hold.as_micros() as u64)
     .bind(id)
-    .bind(takeover.as_micros() as u64)
     .execute(pool)
     .await?;
     Ok(r.rows_affected() == 1)
 }
 
-/// Gives a failed warm-up's claim back: the next publish takes it over at once.
-pub async fn abandon_warm(pool: &MySqlPool, id: u64) -> Result<()> {
+/// Shortens a failed warm-up's claim to `gap` from now (never lengthens one): a publish
+/// retried after it takes over then, leaving a `WARM` that timed out its time to land
+/// or not.
+pub async fn abandon_warm(pool: &MySqlPool, id: u64, gap: Duration) -> Result<()> {
     sqlx::query(
-        "UPDATE activities SET warm_claimed_at = '1970-01-02 00:00:00' \
-         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claimed_at IS NOT NULL",
+        "UPDATE activities \
+         SET warm_claim_until = LEAST(warm_claim_until, NOW(3) + INTERVAL ? MICROSECOND) \
+         WHERE id = ? AND status <> 'PUBLISHED' AND warm_claim_until IS NOT NULL",
     )
+    .bind(gap.as_micros() as u64)
     .bind(id)
     .execute(pool)
     .await?;
