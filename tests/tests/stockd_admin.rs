@@ -22,6 +22,15 @@ fn now_ms() -> i64 {
     seckill_lua::clock::now_ms()
 }
 
+/// `CreateActivity` of [`good_request`], left unpublished.
+async fn create_draft(admin: &mut seckill_tests::stockd::AdminClient) -> pb::Activity {
+    admin
+        .create_activity(good_request())
+        .await
+        .expect("create activity")
+        .into_inner()
+}
+
 /// `PublishActivity` of `id` now; panics on an error.
 async fn publish_now(
     admin: &mut seckill_tests::stockd::AdminClient,
@@ -66,11 +75,7 @@ async fn publishing_twice_never_adds_stock() {
     let db = TestDb::create().await;
     let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
-    let a = admin
-        .create_activity(good_request())
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create_draft(&mut admin).await;
     assert_eq!(a.status, pb::ActivityStatus::Draft as i32);
     let first = publish_now(&mut admin, a.id).await;
     assert!(first.warmed);
@@ -102,11 +107,7 @@ async fn a_warm_up_claimed_and_never_finished_is_taken_over() {
     let db = TestDb::create().await;
     let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
-    let a = admin
-        .create_activity(good_request())
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create_draft(&mut admin).await;
     // A claimant that died, its claim held for 3 s more.
     let started = std::time::Instant::now();
     let claimed = sqlx::query(
@@ -251,11 +252,7 @@ async fn a_scheduled_publish_warms_redis_at_its_time() {
     let db = TestDb::create().await;
     let h = spawn_stockd(&Deps::new(&cluster, &db), |_| {}).await;
     let mut admin = h.admin_client().await;
-    let a = admin
-        .create_activity(good_request())
-        .await
-        .unwrap()
-        .into_inner();
+    let a = create_draft(&mut admin).await;
     let r = admin
         .publish_activity(pb::PublishActivityRequest {
             activity_id: a.id,

@@ -10,13 +10,12 @@
 //!
 //! A test binary of its own: a fail point is process-wide.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use fred::prelude::*;
 use seckill_lua::keys;
 use seckill_proto::pb::ReserveOutcome;
+use seckill_tests::failpoint::Hold;
 use seckill_tests::redis::user_on_shard;
 use seckill_tests::stockd::{create_published_activity, reserve, spawn_stockd, until_available};
 use seckill_tests::{init_tracing, Deps, RedisCluster, TestDb};
@@ -39,34 +38,16 @@ async fn a_rebuild_asked_for_as_another_finishes_runs_after_it() {
     let mut c = h.stock_client().await;
     let ok = || h.metrics.recomputes.with_label_values(&["ok"]).get();
 
-    // The first rebuild, once, waits after its open until the test lets it go. The wait
-    // hands its runtime worker over (`block_in_place`): this stockd runs on this runtime.
-    let (reached_tx, reached_rx) = mpsc::channel::<()>();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let (reached_tx, go_rx) = (Mutex::new(reached_tx), Mutex::new(go_rx));
-    let held = Arc::new(AtomicBool::new(false));
-    {
-        let held = held.clone();
-        fail::cfg_callback(BEFORE_RELEASE, move || {
-            if held.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            let _ = reached_tx.lock().unwrap().send(());
-            tokio::task::block_in_place(|| {
-                let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(30));
-            });
-        })
-        .unwrap();
-    }
+    // The first rebuild, once, waits after its open until the test lets it go.
+    let hold = Hold::at(BEFORE_RELEASE);
 
     // Shard 0 loses its fence; a buyer homed there finds it out: the first rebuild.
     let _: i64 = redis.del(keys::fence(a, 0)).await.unwrap();
     let first = reserve(&mut c, a, s, &user_on_shard("first", 0, SHARDS), "r").await;
     assert_eq!(first.unwrap_err().code(), tonic::Code::Unavailable);
-    tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(30)))
-        .await
-        .unwrap()
-        .expect("the first rebuild opened the sale and waits before letting go");
+    let go = hold
+        .reached("the first rebuild opened the sale and waits before letting go")
+        .await;
     assert_eq!(ok(), 1);
 
     // While it holds the activity: shard 0 loses its fence again, and a buyer finds it.
@@ -75,7 +56,7 @@ async fn a_rebuild_asked_for_as_another_finishes_runs_after_it() {
     assert_eq!(second.unwrap_err().code(), tonic::Code::Unavailable);
 
     // Let go: the rebuild asked for meanwhile runs, and the sale opens with its fence.
-    go_tx.send(()).unwrap();
+    go.send(()).unwrap();
     until_available(&c, a, s, Duration::from_secs(20)).await;
     fail::remove(BEFORE_RELEASE);
     assert_eq!(ok(), 2, "the second rebuild ran");
