@@ -101,6 +101,10 @@ impl FleetSync {
         k: f64,
         min: u32,
     ) -> Result<(), Error> {
+        fail::fail_point!("gateway::fleet::round", |_| Err(Error::new(
+            ErrorKind::IO,
+            "fail point gateway::fleet::round"
+        )));
         let shared = &self.shared;
         let limiter = &shared.limiter;
         // The calls go out together (fred pipelines concurrent commands on a

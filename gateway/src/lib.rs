@@ -33,6 +33,8 @@ pub mod auth;
 pub mod batch;
 pub mod config;
 pub mod deadline;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod fair;
 pub mod fast_lane;
 pub mod filters;
@@ -103,6 +105,8 @@ pub fn run(config: config::Config, opts: RunOpts) -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
+    #[cfg(feature = "failpoints")]
+    failpoints::load();
 
     let (announce_tx, announce_rx) = tokio::sync::mpsc::channel(1024);
     let shared = Arc::new(shared::Shared::new(
@@ -285,6 +289,8 @@ impl pingora::services::background::BackgroundService for Reload {
                     return;
                 }
                 _ = hup.recv() => {
+                    #[cfg(feature = "failpoints")]
+                    failpoints::load();
                     if let Some((c, _)) = reloader.reload_and_log() {
                         self.read_ms.store(c.protection.request_read_ms, Ordering::Relaxed);
                         self.shared.apply_reload(&c);

@@ -10,8 +10,13 @@
 //! - A crowd retrying on `busy` reserves through both gateways while stockd is held
 //!   (a paused proxy): with fleet sharing on, the reservations in flight across both
 //!   stay within the cap; with it off, each gateway fills its own cap.
+//! - The same with one gateway's budget rounds failing (the fail point
+//!   `gateway::fleet::round`) while the other's succeed: the cut-off one admits at most
+//!   its share once its slots have expired, the other leases the rest of the cap, and
+//!   once the rounds succeed again the two hold the cap together.
 //!
-//! Needs `cargo build --bins -p gateway`.
+//! Needs `cargo build --bins -p gateway -p seckill-tests` (or `--workspace`): the gateway
+//! with the suite's `failpoints` feature.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -195,13 +200,26 @@ async fn without_fleet_sharing_two_gateways_admit_twice_the_rate() {
     );
 }
 
-/// The admission cap of the crowd test: k = 0.1 of 100 units (98 after the warm-ups).
+/// The admission cap of the crowd tests: k = 0.1 of 100 units (98 after the warm-ups), or
+/// 0.01 of 1,000.
 const CAP: usize = 10;
+/// `admission.lease_slice` of the crowd tests.
+const LEASE_SLICE: usize = 2;
 
-/// Reservations held in flight across two gateways after a crowd retrying on `busy`.
-async fn held_in_flight(fleet: bool) -> usize {
+/// Two gateways of a fleet of two in front of a paused proxy to stockd, the admission cap
+/// at k = `k` of the item's units (`sync_ms` = [`SYNC_MS`]), each gateway's gRPC
+/// connection warmed with one reservation.
+struct HeldFleet {
+    _stack: Stack,
+    proxy: PausableProxy,
+    gws: Arc<[GatewayHandle; 2]>,
+    a: u64,
+    item: u64,
+}
+
+async fn held_fleet(fleet: bool, units: u32, k: f64) -> HeldFleet {
     let s = Stack::start().await;
-    let act = s.open_activity(&[(100, 100)]).await;
+    let act = s.open_activity(&[(units, 100)]).await;
     let proxy = PausableProxy::start(&s.stockd.addr).await;
     let orderd = s.orderd.addr_str();
     let deps = EdgeDeps {
@@ -211,9 +229,9 @@ async fn held_in_flight(fleet: bool) -> usize {
     };
     let tweak = |c: &mut gateway::toml::Table| {
         fleet_config(c, fleet);
-        set(c, "admission", "k", 0.1);
+        set(c, "admission", "k", k);
         set(c, "admission", "min_in_flight", 1);
-        set(c, "admission", "lease_slice", 2);
+        set(c, "admission", "lease_slice", LEASE_SLICE as i64);
         set(c, "upstreams", "reserve_deadline_ms", 30_000);
     };
     let gws = [
@@ -229,72 +247,111 @@ async fn held_in_flight(fleet: bool) -> usize {
         let t = g.purchase_token(&jwt, a, item).await;
         assert_eq!(g.reserve(&jwt, a, item, &t).await.status, 202);
     }
-    // The crowd: 40 buyers, half on each gateway, each retrying on busy.
-    let mut buyers = Vec::new();
-    for i in 0..40 {
-        let g = &gws[i % 2];
-        let user = format!("buyer-{i}");
-        let jwt = g.jwt(&user, 3600, now);
-        let t = g.purchase_token(&jwt, a, item).await;
-        buyers.push((i % 2, jwt, t));
+    HeldFleet {
+        _stack: s,
+        proxy,
+        gws: Arc::new(gws),
+        a,
+        item,
     }
-    proxy.pause();
-    // Each buyer sends again on every refusal (429) until `stop`. An admitted call is held
-    // at the paused proxy and cannot be answered before `proxy.resume()` (its deadline is
-    // 30 s), so the calls still open once the refusals have stopped coming back are the
-    // admitted ones. No timeout decides it: on a starved machine a refusal may take
-    // seconds, and it would have been counted as admitted.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (open, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let gws = Arc::new(gws);
-    let mut tasks = tokio::task::JoinSet::new();
-    for (g, jwt, t) in buyers {
-        let (gws, stop) = (gws.clone(), stop.clone());
-        let (open, answered) = (open.clone(), answered.clone());
-        tasks.spawn(async move {
-            let url = format!(
-                "{}/api/v1/activities/{a}/items/{item}/reserve",
-                gws[g].base_url()
-            );
-            let http = reqwest::Client::new();
-            while !stop.load(Ordering::Relaxed) {
-                open.fetch_add(1, Ordering::SeqCst);
-                let r = http
-                    .post(&url)
-                    .bearer_auth(&jwt)
-                    .json(&serde_json::json!({"purchase_token": t}))
-                    .send()
-                    .await
-                    .unwrap_or_else(|e| panic!("request: {e}"));
-                open.fetch_sub(1, Ordering::SeqCst);
-                answered.fetch_add(1, Ordering::SeqCst);
-                let status = r.status().as_u16();
-                if status == 202 {
-                    // Admitted and answered once the proxy resumed.
-                    return;
-                }
-                assert_eq!(status, 429, "{}", r.text().await.unwrap_or_default());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-    }
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    stop.store(true, Ordering::Relaxed);
-    // The refusals still on their way come back; the open calls then stand still.
-    let mut last = (answered.load(Ordering::SeqCst), std::time::Instant::now());
-    let give_up = std::time::Instant::now() + Duration::from_secs(20);
-    while last.1.elapsed() < Duration::from_secs(2) && std::time::Instant::now() < give_up {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = answered.load(Ordering::SeqCst);
-        if now != last.0 {
-            last = (now, std::time::Instant::now());
+}
+
+/// A crowd held at the paused proxy: its buyers' calls, still open once the refusals
+/// have stopped coming back, per gateway; and the buyers' tasks, which end once the
+/// proxy resumes.
+struct Held {
+    open: [usize; 2],
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Held {
+    async fn finish(mut self) {
+        while let Some(done) = self.tasks.join_next().await {
+            done.expect("a buyer's task");
         }
     }
-    let n = open.load(Ordering::SeqCst);
-    proxy.resume();
-    while let Some(done) = tasks.join_next().await {
-        done.expect("a buyer's task");
+}
+
+impl HeldFleet {
+    /// Pauses the proxy and lets `n` new buyers (`<tag>-<i>`, half on each gateway)
+    /// reserve, each sending again on every refusal (429) for `secs` seconds.
+    async fn hold(&self, tag: &str, n: usize, secs: u64) -> Held {
+        let (a, item) = (self.a, self.item);
+        let now = seckill_lua::clock::now_ms() as u64;
+        let mut buyers = Vec::new();
+        for i in 0..n {
+            let g = &self.gws[i % 2];
+            let jwt = g.jwt(&format!("{tag}-{i}"), 3600, now);
+            let t = g.purchase_token(&jwt, a, item).await;
+            buyers.push((i % 2, jwt, t));
+        }
+        self.proxy.pause();
+        // An admitted call is held at the paused proxy and cannot be answered before
+        // `proxy.resume()` (its deadline is 30 s), so the calls still open once the
+        // refusals have stopped coming back are the admitted ones. No timeout decides
+        // it: on a starved machine a refusal may take seconds, and it would have been
+        // counted as admitted.
+        let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let answered = Arc::new(AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (g, jwt, t) in buyers {
+            let (gws, stop) = (self.gws.clone(), stop.clone());
+            let (open, answered) = (open.clone(), answered.clone());
+            tasks.spawn(async move {
+                let url = format!(
+                    "{}/api/v1/activities/{a}/items/{item}/reserve",
+                    gws[g].base_url()
+                );
+                let http = reqwest::Client::new();
+                while !stop.load(Ordering::Relaxed) {
+                    open[g].fetch_add(1, Ordering::SeqCst);
+                    let r = http
+                        .post(&url)
+                        .bearer_auth(&jwt)
+                        .json(&serde_json::json!({"purchase_token": t}))
+                        .send()
+                        .await
+                        .unwrap_or_else(|e| panic!("request: {e}"));
+                    open[g].fetch_sub(1, Ordering::SeqCst);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    let status = r.status().as_u16();
+                    if status == 202 {
+                        // Admitted and answered once the proxy resumed.
+                        return;
+                    }
+                    assert_eq!(status, 429, "{}", r.text().await.unwrap_or_default());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        // The refusals still on their way come back; the open calls then stand still.
+        let mut last = (answered.load(Ordering::SeqCst), Instant::now());
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while last.1.elapsed() < Duration::from_secs(2) && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = answered.load(Ordering::SeqCst);
+            if now != last.0 {
+                last = (now, Instant::now());
+            }
+        }
+        Held {
+            open: [0, 1].map(|g| open[g].load(Ordering::SeqCst)),
+            tasks,
+        }
     }
+}
+
+/// Reservations held in flight across two gateways after a crowd retrying on `busy`.
+async fn held_in_flight(fleet: bool) -> usize {
+    let f = held_fleet(fleet, 100, 0.1).await;
+    // The crowd: 40 buyers, half on each gateway.
+    let held = f.hold("buyer", 40, 4).await;
+    let n = held.open.iter().sum();
+    f.proxy.resume();
+    held.finish().await;
     n
 }
 
@@ -315,6 +372,73 @@ async fn without_fleet_sharing_each_gateway_fills_its_own_admission_cap() {
     let held = held_in_flight(false).await;
     eprintln!("fleet off: {held} reservations in flight across two gateways (cap {CAP})");
     assert!(held > CAP, "{held} in flight, cap {CAP}");
+}
+
+/// Waits until `g`'s `gateway_fleet_fallback` reads `v`.
+async fn wait_fallback(g: &GatewayHandle, v: f64, what: &str) {
+    wait_until_async(what, Duration::from_secs(20), || async {
+        g.metric("gateway_fleet_fallback", "").await == Some(v)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cut_off_from_the_fleets_budgets_admits_at_most_its_share_and_rejoins() {
+    // k = 0.01 of 1,000 units: the cap stays 10 while the test sells a few dozen.
+    let f = held_fleet(true, 1000, 0.01).await;
+    let (a, b) = (&f.gws[0], &f.gws[1]);
+    for g in [a, b] {
+        wait_fallback(g, 0.0, "fleet sync running").await;
+    }
+    // Gateway b's rounds fail from now on (as when it cannot reach Redis while gateway
+    // a can); a's go on. b holds an idle gateway's spare in Redis until it expires.
+    b.fail_points("gateway::fleet::round=return\n");
+    wait_fallback(
+        b,
+        1.0,
+        "gateway b's fallback (a gateway built without the `failpoints` feature never falls back)",
+    )
+    .await;
+    // The crowd outlasts b's slots in Redis (max(2 s, 5 x sync_ms) = 2 s) by 4 s.
+    let held = f.hold("cut", 40, 6).await;
+    let [on_a, on_b] = held.open;
+    let share = CAP.div_ceil(2);
+    eprintln!(
+        "b cut off: {on_a} in flight on a, {on_b} on b (cap {CAP}, b's share {share}; \
+         stated bound cap + share = {})",
+        CAP + share
+    );
+    // Stated bound (docs/gateway.md): a cut-off gateway admits at most its share once
+    // its slots have expired, and the others lease at most the whole cap among them.
+    assert!(on_b <= share, "b admitted {on_b}, its share is {share}");
+    assert!(on_a <= CAP, "a admitted {on_a}, the cap is {CAP}");
+    // Neither is shut out: a leased the slots b held once they expired, and b admits
+    // on its share.
+    assert!(
+        on_a > CAP - LEASE_SLICE,
+        "a admitted only {on_a}: it never got the slots b held"
+    );
+    assert!(on_b >= 1, "b admitted nothing on its share");
+    assert!(
+        b.metric("gateway_fleet_sync_errors_total", "")
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+    assert_eq!(a.metric("gateway_fleet_fallback", "").await, Some(0.0));
+    f.proxy.resume();
+    held.finish().await;
+
+    // b's rounds succeed again: the two hold the cap together once more.
+    b.fail_points("");
+    wait_fallback(b, 0.0, "gateway b back in the fleet").await;
+    let held = f.hold("healed", 40, 4).await;
+    let [on_a, on_b] = held.open;
+    eprintln!("b back: {on_a} in flight on a, {on_b} on b (cap {CAP})");
+    assert!(on_a + on_b <= CAP, "{on_a} + {on_b} in flight, cap {CAP}");
+    assert!(on_a + on_b >= CAP / 2, "only {} admitted", on_a + on_b);
+    f.proxy.resume();
+    held.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,10 +125,15 @@ impl GatewayHandle {
             .0
     }
 
-    /// Writes a new config (same ports) and sends SIGHUP.
-    pub fn reload(&mut self, tweak: impl FnOnce(&mut gateway::toml::Table)) {
-        tweak(&mut self.config);
-        std::fs::write(self.config_path(), self.config.to_string()).expect("write config");
+    /// Sets the gateway's fail points to `lines` (`name=actions` per line, fail's
+    /// syntax; a point not named is turned off) and sends SIGHUP, which reads them
+    /// (`gateway::failpoints`). The config file is read again too, unchanged.
+    pub fn fail_points(&self, lines: &str) {
+        std::fs::write(self.dir.path().join("failpoints"), lines).expect("write fail points");
+        self.hup();
+    }
+
+    fn hup(&self) {
         let pid = self.child.id().expect("running");
         let ok = std::process::Command::new("kill")
             .arg("-HUP")
@@ -136,6 +141,13 @@ impl GatewayHandle {
             .status()
             .expect("kill -HUP");
         assert!(ok.success());
+    }
+
+    /// Writes a new config (same ports) and sends SIGHUP.
+    pub fn reload(&mut self, tweak: impl FnOnce(&mut gateway::toml::Table)) {
+        tweak(&mut self.config);
+        std::fs::write(self.config_path(), self.config.to_string()).expect("write config");
+        self.hup();
     }
 
     /// Waits until `GET /api/v1/activities/{a}` answers 200 (the edge has read it
@@ -336,6 +348,12 @@ fn spawn_child(config: &gateway::toml::Table, dir: &Path) -> ChildGuard {
     std::fs::write(&path, config.to_string()).expect("write config");
     let mut cmd = std::process::Command::new(workspace_bin("gateway"));
     cmd.arg("-c").arg(&path);
+    // Empty: no fail point until a test writes one ([`GatewayHandle::fail_points`]).
+    let points = dir.join("failpoints");
+    if !points.exists() {
+        std::fs::write(&points, "").expect("write the fail points file");
+    }
+    cmd.env(gateway::failpoints::ENV, &points);
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
