@@ -152,10 +152,7 @@ impl FleetSync {
             }
             for item in &act.items {
                 let full = admission::cap(item, k, min);
-                let in_flight = item.in_flight.load(Ordering::Relaxed);
-                let busy = item.busy.swap(0, Ordering::Relaxed);
-                let held = item.fleet_cap.load(Ordering::Relaxed).max(0) as u32;
-                let want = admission::want(full, held, in_flight, busy, slice, limits.fleet_size);
+                let (want, in_flight) = admission::ask(item, full, slice, limits.fleet_size);
                 let args = vec![
                     self.id.clone(),
                     want.to_string(),
