@@ -401,10 +401,15 @@ async fn idle_items_are_read_in_turn_and_a_request_or_a_message_brings_one_back_
     wait_flag(&[&gw], (first + 200, 1), true, Duration::from_secs(2)).await;
 
     // A request for an idle item reads it at once; the answer itself still came from
-    // the old state (on sale: past the short-circuit to authentication).
-    set_stock(&ca, (first + 250, 1), 0).await;
-    let r = anonymous_reserve(&gw, (first + 250, 1)).await;
+    // the old state (on sale: past the short-circuit to authentication). The item is one
+    // the turn read just before it found item 100 (in id order), so its next turn is
+    // about a full turn (10 s) away: an item ahead of the turn could be read by it
+    // between the write and the request (the 250th was, 2.5 s after the 100th, on a
+    // loaded machine), and the first answer would already be the 410.
+    let behind = (first + 90, 1);
+    set_stock(&ca, behind, 0).await;
+    let r = anonymous_reserve(&gw, behind).await;
     assert_eq!(r.status, 401, "{}", r.body);
-    wait_flag(&[&gw], (first + 250, 1), true, Duration::from_secs(2)).await;
-    assert_eq!(anonymous_reserve(&gw, (first + 250, 1)).await.status, 410);
+    wait_flag(&[&gw], behind, true, Duration::from_secs(2)).await;
+    assert_eq!(anonymous_reserve(&gw, behind).await.status, 410);
 }
