@@ -498,11 +498,15 @@ impl App {
     /// A round that found only kept units waits for them, then reads again, up to
     /// [`REBALANCE_PASSES`] reads in all: ending the round after the wait sent every
     /// caller it carried back to an empty home, each spending one of its
-    /// `rebalance_attempts` on it, while the units it waited for were on offer. (A round
-    /// whose takes all came back empty, another home's round having taken the units
-    /// first, ends: reading again at once there made the last units go round the homes
-    /// faster, and more buyers ran out of attempts; docs/load-testing.md, twenty-eighth
-    /// session.)
+    /// `rebalance_attempts` on it, while the units it waited for were on offer.
+    ///
+    /// A take that comes back empty (the donor's own buyers or another home's round had
+    /// the units first) makes the round read the shards again and go on with the donors
+    /// it has not asked yet that hold units now, richest first. Each donor is asked at
+    /// most once a round, so a round whose every take comes back empty still ends, and
+    /// the caller looks. (Starting the round over from every donor there made the last
+    /// units go round the homes faster, and more buyers ran out of attempts;
+    /// docs/load-testing.md, twenty-eighth and thirty-fourth sessions.)
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -517,7 +521,7 @@ impl App {
         let mut missing = 0i64;
         let mut reads = 0u32;
         // Read until a donor offers units; only kept units: wait for them, and read again.
-        let (held, offered, donors, home_epoch) = loop {
+        let (held, offered, donors, home_epoch, start) = loop {
             reads += 1;
             if reads > 1 {
                 self.metrics.rebalance_rereads.inc();
@@ -539,21 +543,7 @@ impl App {
             // Units another home's round just brought there for its own callers are not
             // on offer: taken before those callers reserve them, they went round the
             // homes while every home's buyers chased them.
-            let mut offered = held.clone();
-            // The earliest end of the keeps that withheld units from this round, and the
-            // shards that keep them.
-            let mut kept_until: Option<Instant> = None;
-            let mut keepers = Vec::new();
-            if self.config.stock.rebalance_keep_ms > 0 {
-                let kept = entry.kept(item, Instant::now());
-                for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
-                    if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
-                        *n -= units;
-                        kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
-                        keepers.push(d as u32);
-                    }
-                }
-            }
+            let (offered, kept_until, keepers) = self.on_offer(entry, item, home, &held);
             let donors = donor_order(&offered, home, start);
             // The demand is claimed now, after the read: the callers that came during it
             // ride with this round instead of waiting for the next.
@@ -563,7 +553,7 @@ impl App {
                 round.claim_again()
             };
             if !donors.is_empty() {
-                break (held, offered, donors, Arc::<str>::from(home_epoch));
+                break (held, offered, donors, Arc::<str>::from(home_epoch), start);
             }
             let Some(until) = kept_until else {
                 return Ok(Moved::Nothing);
@@ -585,12 +575,18 @@ impl App {
                 return Ok(Moved::Nothing);
             }
         };
+        let (mut held, mut offered, mut donors) = (held, offered, donors);
         let mut moved = 0i64;
         // Each move's units in transit are settled by a task of its own after its give:
         // in the background when the units came home; waited for otherwise, before the
         // caller's look (which would count this round's own records).
         let mut settles = Vec::new();
-        for donor in donors {
+        // Each donor is asked once a round.
+        let mut asked = vec![false; shards as usize];
+        let mut next = 0;
+        while let Some(&donor) = donors.get(next) {
+            next += 1;
+            asked[donor as usize] = true;
             let want = u32::try_from(missing - moved)
                 .unwrap_or(u32::MAX)
                 .max(self.config.stock.rebalance_batch);
@@ -624,8 +620,18 @@ impl App {
             match step {
                 Step::Empty => {
                     // The read saw units there, and another home's round or the donor's
-                    // own buyers took them first.
+                    // own buyers took them first: the read is stale. The shards are read
+                    // again (one `GET` each, no replica `WAIT`), and the round goes on
+                    // with the donors not asked yet that hold units now, richest first,
+                    // instead of taking in turn from those the stale read saw: an empty
+                    // take costs a Lua call and a `WAIT`, and every buyer the round
+                    // carries waits for it (docs/load-testing.md, thirty-first session).
                     self.metrics.rebalance_takes_empty.inc();
+                    held = Box::pin(self.shard_stock(a, item, shards)).await?;
+                    offered = self.on_offer(entry, item, home, &held).0;
+                    donors = donor_order(&offered, home, start);
+                    donors.retain(|d| !asked[*d as usize]);
+                    next = 0;
                     continue;
                 }
                 Step::Moved(n, settle) => {
@@ -660,6 +666,33 @@ impl App {
         } else {
             Moved::Nothing
         })
+    }
+
+    /// What a round may take of the shards' units `held`: each donor's, less the units
+    /// another home's round keeps there for its own callers (taken before those callers
+    /// reserve them, they went round the homes while every home's buyers chased them);
+    /// with the earliest end of those keeps and the shards that keep them.
+    fn on_offer(
+        &self,
+        entry: &ActivityEntry,
+        item: u64,
+        home: u32,
+        held: &[i64],
+    ) -> (Vec<i64>, Option<Instant>, Vec<u32>) {
+        let mut offered = held.to_vec();
+        let mut kept_until: Option<Instant> = None;
+        let mut keepers = Vec::new();
+        if self.config.stock.rebalance_keep_ms > 0 {
+            let kept = entry.kept(item, Instant::now());
+            for (d, (n, k)) in offered.iter_mut().zip(kept).enumerate() {
+                if let Some((units, until)) = k.filter(|_| *n > 0 && d != home as usize) {
+                    *n -= units;
+                    kept_until = Some(kept_until.map_or(until, |u| u.min(until)));
+                    keepers.push(d as u32);
+                }
+            }
+        }
+        (offered, kept_until, keepers)
     }
 
     /// One [`Move`] of up to `want` units from `donor` to `home`: TAKE on the donor, then
