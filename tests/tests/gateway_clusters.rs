@@ -400,16 +400,17 @@ async fn idle_items_are_read_in_turn_and_a_request_or_a_message_brings_one_back_
     announce(&ca, (first + 200, 1), true).await;
     wait_flag(&[&gw], (first + 200, 1), true, Duration::from_secs(2)).await;
 
-    // A request for an idle item reads it at once; the answer itself still came from
-    // the old state (on sale: past the short-circuit to authentication). The item is one
-    // the turn read just before it found item 100 (in id order), so its next turn is
-    // about a full turn (10 s) away: an item ahead of the turn could be read by it
-    // between the write and the request (the 250th was, 2.5 s after the 100th, on a
-    // loaded machine), and the first answer would already be the 410.
+    // A request for an idle item reads it at once. The item is one the turn read just
+    // before it found item 100 (in id order), so its next turn is about a full turn
+    // (10 s) away: the flag within 2 s is the request's doing. The answer to the request
+    // itself is most often still the old state (on sale: past the short-circuit to
+    // authentication, 401), but the read it asks for runs on the feed's own thread and
+    // may land before the request's own sold-out check has answered (its thread
+    // descheduled after it asked, as on a loaded CI machine, where CI saw 410 twice).
     let behind = (first + 90, 1);
     set_stock(&ca, behind, 0).await;
     let r = anonymous_reserve(&gw, behind).await;
-    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(matches!(r.status, 401 | 410), "{} {}", r.status, r.body);
     wait_flag(&[&gw], behind, true, Duration::from_secs(2)).await;
     assert_eq!(anonymous_reserve(&gw, behind).await.status, 410);
 }
