@@ -139,7 +139,7 @@ moves=""
 for m in stockd_rebalance_rounds_total stockd_rebalance_rereads_total 'stockd_lua_seconds_count{script="take"}' stockd_rebalance_units_total \
     'stockd_rebalance_round_outcomes_total{outcome="home"}' 'stockd_rebalance_round_outcomes_total{outcome="elsewhere"}' \
     'stockd_rebalance_elsewhere_total{found="shards"}' 'stockd_rebalance_elsewhere_total{found="transit"}' \
-    'stockd_rebalance_elsewhere_total{found="moving"}' stockd_rebalance_takes_empty_total \
+    'stockd_rebalance_elsewhere_total{found="moving"}' stockd_rebalance_takes_empty_total stockd_rebalance_landing_waits_total \
     'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
     'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}' \
     stockd_reserve_gave_up_total; do

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use seckill_proto::pb;
 
 use crate::gate::Gate;
-use crate::mover::Mover;
+use crate::mover::{Landing, Mover};
 use crate::shard::{Gap, HighWater, ShardQueue, ShardState};
 
 /// One item of a published activity.
@@ -22,6 +22,9 @@ pub struct ItemEntry {
     /// Reserve calls of this process that ran out of rebalancing attempts while the
     /// shards still held the quantity asked for (answered ABORTED: retry).
     pub gave_up: AtomicU64,
+    /// This process's rebalancing moves of the item between their take and their give
+    /// ([`crate::mover::Landing`]).
+    pub landing: Arc<Landing>,
 }
 
 /// One published activity.
@@ -59,6 +62,7 @@ impl ActivityEntry {
                         id: i.id,
                         total: i.stock,
                         gave_up: AtomicU64::new(0),
+                        landing: Arc::default(),
                     },
                 )
             })

@@ -183,8 +183,13 @@ pub struct Metrics {
     /// home shard at a time, for every reservation waiting on it; `crate::mover`).
     pub rebalance_rounds: IntCounter,
     /// `stockd_rebalance_rereads_total`: reads of the shards a round made again within
-    /// itself, after it waited for kept units.
+    /// itself (after a take came back empty with nothing moved yet, or after it waited
+    /// for kept units or for a move to land).
     pub rebalance_rereads: IntCounter,
+    /// `stockd_rebalance_landing_waits_total`: waits of a round that found no donor
+    /// while this process's moves of the item were between a take and a give, for one
+    /// of them to land (`crate::mover::Landing`).
+    pub rebalance_landing_waits: IntCounter,
     /// `stockd_rebalance_round_outcomes_total{outcome}`: rebalancing rounds ended, by
     /// what they found ([`ROUND_OUTCOMES`]).
     pub rebalance_round_outcomes: IntCounterVec,
@@ -365,8 +370,15 @@ impl Metrics {
         .expect("valid metric");
         let rebalance_rereads = IntCounter::new(
             "stockd_rebalance_rereads_total",
-            "Reads of the shards a rebalancing round made again within itself, after it \
-             waited for kept units",
+            "Reads of the shards a rebalancing round made again within itself: after a take \
+             came back empty with nothing moved yet, or after it waited for kept units or \
+             for a move to land",
+        )
+        .expect("valid metric");
+        let rebalance_landing_waits = IntCounter::new(
+            "stockd_rebalance_landing_waits_total",
+            "Waits of a rebalancing round that found no donor while this process's moves \
+             of the item were between a take and a give, for one of them to land",
         )
         .expect("valid metric");
         let rebalance_round_outcomes = IntCounterVec::new(
@@ -439,6 +451,7 @@ impl Metrics {
             Box::new(rebalance_units.clone()),
             Box::new(rebalance_rounds.clone()),
             Box::new(rebalance_rereads.clone()),
+            Box::new(rebalance_landing_waits.clone()),
             Box::new(rebalance_round_outcomes.clone()),
             Box::new(rebalance_elsewhere.clone()),
             Box::new(rebalance_takes_empty.clone()),
@@ -483,6 +496,7 @@ impl Metrics {
             rebalance_units,
             rebalance_rounds,
             rebalance_rereads,
+            rebalance_landing_waits,
             rebalance_round_outcomes,
             rebalance_elsewhere,
             rebalance_takes_empty,

@@ -30,11 +30,22 @@
 //! another home that found nothing but kept units waits for them to be bought
 //! ([`Mover::released`]) or for the keep's end, whichever comes first.
 //!
+//! A round that finds no donor and no kept units while this process's rounds of the
+//! item's other homes are between a take and a give (their units on no shard) waits
+//! for the next of those moves to land ([`Landing`]), then reads again: the units it
+//! waited for are on a shard then, kept for that home's callers or on offer. Ending the
+//! round at once sent every caller it carried back to an empty home, each spending one
+//! of its `rebalance_attempts`, while the units were on their way (its look found them
+//! in transit: most of the `elsewhere` rounds of the burst, docs/load-testing.md,
+//! thirty-first session). Moves of other processes are not seen here; for them the
+//! round ends as before and its look counts their units in transit.
+//!
 //! A caller that goes away while waiting leaves its demand behind: the next round may
 //! bring a few more units home than are asked for. They stay on sale there (the
 //! sold-out scan sums every shard), so this only shifts where the last units sit.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::{Mutex as TurnLock, MutexGuard, Notify};
@@ -257,6 +268,52 @@ impl Drop for Round<'_> {
         }
         st.finished = st.claims;
         st.last = Some(self.outcome.unwrap_or(Outcome::Failed));
+    }
+}
+
+/// One item's moves by this process between their take and their give, told when one
+/// lands ([`Landing::landed`]).
+#[derive(Debug, Default)]
+pub struct Landing {
+    moving: AtomicU32,
+    landed: Notify,
+}
+
+/// One move between its take and the point its units are on a shard and kept for the
+/// callers of its round ([`Round::keep`]): dropped then, or when the move ends without
+/// a give.
+#[derive(Debug)]
+pub struct InFlight(Arc<Landing>);
+
+impl Landing {
+    /// A move took units: they are in transit until the guard is dropped.
+    pub fn took(self: &Arc<Self>) -> InFlight {
+        self.moving.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(self))
+    }
+
+    /// Whether a move of this process is between its take and its give.
+    pub fn moving(&self) -> bool {
+        self.moving.load(Ordering::SeqCst) > 0
+    }
+
+    /// Returns once a move in flight lands (at once when none is in flight).
+    pub async fn landed(&self) {
+        let notified = self.landed.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Registered before the check: a landing between the two is not missed.
+        notified.as_mut().enable();
+        if !self.moving() {
+            return;
+        }
+        notified.await;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.moving.fetch_sub(1, Ordering::SeqCst);
+        self.0.landed.notify_waiters();
     }
 }
 
@@ -611,5 +668,30 @@ mod tests {
         // Their demand went with it: the next round is for its own caller alone.
         let mut round = run(m.turn(1).await.1);
         assert_eq!(round.claim(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_landing_is_told_when_a_move_in_flight_lands() {
+        let landing = Arc::new(Landing::default());
+        // Nothing in flight: at once.
+        landing.landed().now_or_never().expect("no move in flight");
+        let first = landing.took();
+        let second = landing.took();
+        assert!(landing.moving());
+        let waiting = {
+            let landing = Arc::clone(&landing);
+            tokio::spawn(async move { landing.landed().await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "no move has landed yet");
+        drop(first);
+        tokio::time::timeout(Duration::from_millis(1), waiting)
+            .await
+            .expect("told when the first of two lands")
+            .unwrap();
+        assert!(landing.moving(), "the second is still in flight");
+        drop(second);
+        assert!(!landing.moving());
+        landing.landed().now_or_never().expect("none in flight");
     }
 }

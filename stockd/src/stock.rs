@@ -41,7 +41,7 @@ use crate::app::App;
 use crate::catalog::ActivityEntry;
 use crate::domain::{RequestId, UserId};
 use crate::error::{invalid, Error, Result};
-use crate::mover::{Outcome, Round, Ticket, Turn};
+use crate::mover::{InFlight, Outcome, Round, Ticket, Turn};
 use crate::recompute::Cause;
 use crate::redis::{array, int, text};
 use crate::shard::Script;
@@ -112,8 +112,10 @@ enum Step {
     Empty,
     /// Units (this many) went from the donor to the home shard; the move's record of
     /// units in transit is being settled by this task ([`transit::settle`]), or, with
-    /// none (the give on no replica yet), left to its deadline.
-    Moved(i64, Option<tokio::task::JoinHandle<()>>),
+    /// none (the give on no replica yet), left to its deadline. Dropping the guard tells
+    /// the rounds of other homes waiting for a landing ([`crate::mover::Landing`]): the
+    /// round drops it once it has kept the units for its callers.
+    Moved(i64, Option<tokio::task::JoinHandle<()>>, Option<InFlight>),
     /// A shard's state is gone; a recompute was started.
     Lost,
 }
@@ -500,13 +502,21 @@ impl App {
     /// caller it carried back to an empty home, each spending one of its
     /// `rebalance_attempts` on it, while the units it waited for were on offer.
     ///
+    /// A round that finds no donor and nothing kept while this process's round of
+    /// another home is between a take and a give waits for that move to land, then reads
+    /// again, within the same [`REBALANCE_PASSES`] (`crate::mover::Landing`).
+    ///
     /// A take that comes back empty (the donor's own buyers or another home's round had
     /// the units first) makes the round read the shards again and go on with the donors
-    /// it has not asked yet that hold units now, richest first. Each donor is asked at
-    /// most once a round, so a round whose every take comes back empty still ends, and
-    /// the caller looks. (Starting the round over from every donor there made the last
-    /// units go round the homes faster, and more buyers ran out of attempts;
-    /// docs/load-testing.md, twenty-eighth and thirty-fourth sessions.)
+    /// it has not asked yet that hold units now, richest first. Before anything moved,
+    /// that read is the one at the top (one of the [`REBALANCE_PASSES`]), with its waits:
+    /// what another home's round took is most often in flight, or home and kept for its
+    /// callers, and the round waits for it instead of ending with its callers sent back
+    /// to an empty home. Each donor is asked at most once a round, so a round whose every
+    /// take comes back empty still ends, and the caller looks. (Starting the round over
+    /// from every donor there made the last units go round the homes faster, and more
+    /// buyers ran out of attempts; docs/load-testing.md, twenty-eighth and thirty-fourth
+    /// sessions.)
     async fn rebalance(
         self: &Arc<Self>,
         entry: &Arc<ActivityEntry>,
@@ -520,62 +530,6 @@ impl App {
         // The units this round's claims asked for so far.
         let mut missing = 0i64;
         let mut reads = 0u32;
-        // Read until a donor offers units; only kept units: wait for them, and read again.
-        let (held, offered, donors, home_epoch, start) = loop {
-            reads += 1;
-            if reads > 1 {
-                self.metrics.rebalance_rereads.inc();
-            }
-            let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
-            // The home shard's fence, read before any take: a give adds units only to a
-            // shard still under it (a rebuild in between counted them again from MySQL).
-            let (held, home_fence) = futures::future::try_join(
-                Box::pin(self.shard_stock(a, item, shards)),
-                redis.mget(vec![keys::fence(a, home)]),
-            )
-            .await?;
-            let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
-                self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
-                return Err(Error::Unavailable(format!(
-                    "activity {a} lost its Redis state; rebuilding from MySQL"
-                )));
-            };
-            // Units another home's round just brought there for its own callers are not
-            // on offer: taken before those callers reserve them, they went round the
-            // homes while every home's buyers chased them.
-            let (offered, kept_until, keepers) = self.on_offer(entry, item, home, &held);
-            let donors = donor_order(&offered, home, start);
-            // The demand is claimed now, after the read: the callers that came during it
-            // ride with this round instead of waiting for the next.
-            missing += if reads == 1 {
-                round.claim()
-            } else {
-                round.claim_again()
-            };
-            if !donors.is_empty() {
-                break (held, offered, donors, Arc::<str>::from(home_epoch), start);
-            }
-            let Some(until) = kept_until else {
-                return Ok(Moved::Nothing);
-            };
-            // Only kept units: once their buyers have reserved every one (most often
-            // within a group-commit call), or by the keep's end, they are gone or on
-            // offer. Waiting for that spares the buyers here a spin through their attempts
-            // meanwhile; then this round reads again and takes what is on offer by then
-            // (after its last read, the caller looks). The callers who came during the
-            // wait ride with it.
-            let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
-            let released = futures::future::join_all(movers.iter().map(|m| m.released()));
-            tokio::select! {
-                _ = tokio::time::sleep_until(until.into()) => {}
-                _ = released => {}
-            }
-            if reads == REBALANCE_PASSES {
-                round.claim_again();
-                return Ok(Moved::Nothing);
-            }
-        };
-        let (mut held, mut offered, mut donors) = (held, offered, donors);
         let mut moved = 0i64;
         // Each move's units in transit are settled by a task of its own after its give:
         // in the background when the units came home; waited for otherwise, before the
@@ -583,77 +537,163 @@ impl App {
         let mut settles = Vec::new();
         // Each donor is asked once a round.
         let mut asked = vec![false; shards as usize];
-        let mut next = 0;
-        while let Some(&donor) = donors.get(next) {
-            next += 1;
-            asked[donor as usize] = true;
-            let want = u32::try_from(missing - moved)
-                .unwrap_or(u32::MAX)
-                .max(self.config.stock.rebalance_batch);
-            // A take asks beyond what the read saw (units may have come since); of a donor
-            // that keeps units, what it asked beyond would be the kept ones.
-            let (has, offers) = (held[donor as usize], offered[donor as usize]);
-            let want = if offers < has {
-                want.min(u32::try_from(offers).unwrap_or(u32::MAX))
-            } else {
-                want
-            };
-            // The move runs in a task of its own: when the caller goes away (a client
-            // deadline drops this future) between the take and the give, the give still
-            // happens instead of the taken units vanishing.
-            // Held while this future waits for the task: closed if it is dropped.
-            let (_waiting, caller) = oneshot::channel::<()>();
-            let task = tokio::spawn(Arc::clone(self).move_units(
-                Arc::clone(entry),
-                Move {
-                    item,
-                    donor,
-                    home,
-                    home_epoch: Arc::clone(&home_epoch),
-                    want,
-                },
-                caller,
-            ));
-            let step = task
-                .await
-                .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
-            match step {
-                Step::Empty => {
-                    // The read saw units there, and another home's round or the donor's
-                    // own buyers took them first: the read is stale. The shards are read
-                    // again (one `GET` each, no replica `WAIT`), and the round goes on
-                    // with the donors not asked yet that hold units now, richest first,
-                    // instead of taking in turn from those the stale read saw: an empty
-                    // take costs a Lua call and a `WAIT`, and every buyer the round
-                    // carries waits for it (docs/load-testing.md, thirty-first session).
-                    self.metrics.rebalance_takes_empty.inc();
-                    held = Box::pin(self.shard_stock(a, item, shards)).await?;
-                    offered = self.on_offer(entry, item, home, &held).0;
-                    donors = donor_order(&offered, home, start);
-                    donors.retain(|d| !asked[*d as usize]);
-                    next = 0;
-                    continue;
+        'round: loop {
+            // Read until a donor offers units; only kept units: wait for them, and read again.
+            let (held, offered, donors, home_epoch, start) = loop {
+                reads += 1;
+                if reads > 1 {
+                    self.metrics.rebalance_rereads.inc();
                 }
-                Step::Moved(n, settle) => {
-                    moved += n;
-                    if moved >= missing {
-                        let carried = missing + round.claim_within(moved - missing);
-                        let keep = self.config.stock.rebalance_keep_ms;
-                        if keep > 0 {
-                            round.keep(carried, Instant::now() + Duration::from_millis(keep));
-                        }
-                        // The records settle in the background: the units are home,
-                        // and the callers reserve them meanwhile.
-                        return Ok(Moved::Units);
-                    }
-                    settles.extend(settle);
-                }
-                Step::Lost => {
+                let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
+                // The home shard's fence, read before any take: a give adds units only to a
+                // shard still under it (a rebuild in between counted them again from MySQL).
+                let (held, home_fence) = futures::future::try_join(
+                    Box::pin(self.shard_stock(a, item, shards)),
+                    redis.mget(vec![keys::fence(a, home)]),
+                )
+                .await?;
+                let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
+                    self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
                     return Err(Error::Unavailable(format!(
                         "activity {a} lost its Redis state; rebuilding from MySQL"
-                    )))
+                    )));
+                };
+                // Units another home's round just brought there for its own callers are not
+                // on offer: taken before those callers reserve them, they went round the
+                // homes while every home's buyers chased them.
+                let (offered, kept_until, keepers) = self.on_offer(entry, item, home, &held);
+                let mut donors = donor_order(&offered, home, start);
+                donors.retain(|d| !asked[*d as usize]);
+                // The demand is claimed now, after the read: the callers that came during it
+                // ride with this round instead of waiting for the next.
+                missing += if reads == 1 {
+                    round.claim()
+                } else {
+                    round.claim_again()
+                };
+                if !donors.is_empty() {
+                    break (held, offered, donors, Arc::<str>::from(home_epoch), start);
+                }
+                let Some(until) = kept_until else {
+                    // No donor, nothing kept, but this process's rounds of other homes are
+                    // between a take and a give: wait for the next of those moves to land
+                    // (its units then on a shard, kept for that home's callers or on
+                    // offer), and read again, instead of sending the callers this round
+                    // carries back to an empty home while the units are on their way
+                    // (`crate::mover`). The wait is bounded by a Redis call's deadline: a
+                    // give answers within it.
+                    let landing = entry.items.get(&item).map(|i| &i.landing);
+                    if let Some(landing) =
+                        landing.filter(|l| l.moving() && reads < REBALANCE_PASSES)
+                    {
+                        self.metrics.rebalance_landing_waits.inc();
+                        let deadline = Duration::from_millis(self.config.redis.timeout_ms);
+                        let _ = tokio::time::timeout(deadline, landing.landed()).await;
+                        continue;
+                    }
+                    return Ok(Moved::Nothing);
+                };
+                // Only kept units: once their buyers have reserved every one (most often
+                // within a group-commit call), or by the keep's end, they are gone or on
+                // offer. Waiting for that spares the buyers here a spin through their attempts
+                // meanwhile; then this round reads again and takes what is on offer by then
+                // (after its last read, the caller looks). The callers who came during the
+                // wait ride with it.
+                let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
+                let released = futures::future::join_all(movers.iter().map(|m| m.released()));
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                    _ = released => {}
+                }
+                if reads == REBALANCE_PASSES {
+                    round.claim_again();
+                    return Ok(Moved::Nothing);
+                }
+            };
+            let (mut held, mut offered, mut donors) = (held, offered, donors);
+            let mut next = 0;
+            while let Some(&donor) = donors.get(next) {
+                next += 1;
+                asked[donor as usize] = true;
+                let want = u32::try_from(missing - moved)
+                    .unwrap_or(u32::MAX)
+                    .max(self.config.stock.rebalance_batch);
+                // A take asks beyond what the read saw (units may have come since); of a donor
+                // that keeps units, what it asked beyond would be the kept ones.
+                let (has, offers) = (held[donor as usize], offered[donor as usize]);
+                let want = if offers < has {
+                    want.min(u32::try_from(offers).unwrap_or(u32::MAX))
+                } else {
+                    want
+                };
+                // The move runs in a task of its own: when the caller goes away (a client
+                // deadline drops this future) between the take and the give, the give still
+                // happens instead of the taken units vanishing.
+                // Held while this future waits for the task: closed if it is dropped.
+                let (_waiting, caller) = oneshot::channel::<()>();
+                let task = tokio::spawn(Arc::clone(self).move_units(
+                    Arc::clone(entry),
+                    Move {
+                        item,
+                        donor,
+                        home,
+                        home_epoch: Arc::clone(&home_epoch),
+                        want,
+                    },
+                    caller,
+                ));
+                let step = task
+                    .await
+                    .map_err(|e| Error::Unavailable(format!("rebalancing task failed: {e}")))??;
+                match step {
+                    Step::Empty => {
+                        // The read saw units there, and another home's round or the donor's
+                        // own buyers took them first: the read is stale. The shards are read
+                        // again (one `GET` each, no replica `WAIT`), and the round goes on
+                        // with the donors not asked yet that hold units now, richest first,
+                        // instead of taking in turn from those the stale read saw: an empty
+                        // take costs a Lua call and a `WAIT`, and every buyer the round
+                        // carries waits for it (docs/load-testing.md, thirty-first session).
+                        self.metrics.rebalance_takes_empty.inc();
+                        if moved == 0 && reads < REBALANCE_PASSES {
+                            // Nothing moved yet: the read from the top, which also waits
+                            // when nothing is on offer but kept units or units in flight
+                            // (another home's round most often took these: its give is
+                            // on its way).
+                            continue 'round;
+                        }
+                        held = Box::pin(self.shard_stock(a, item, shards)).await?;
+                        offered = self.on_offer(entry, item, home, &held).0;
+                        donors = donor_order(&offered, home, start);
+                        donors.retain(|d| !asked[*d as usize]);
+                        next = 0;
+                        continue;
+                    }
+                    Step::Moved(n, settle, landed) => {
+                        moved += n;
+                        if moved >= missing {
+                            let carried = missing + round.claim_within(moved - missing);
+                            let keep = self.config.stock.rebalance_keep_ms;
+                            if keep > 0 {
+                                round.keep(carried, Instant::now() + Duration::from_millis(keep));
+                            }
+                            // Kept: the rounds of other homes waiting for this move may read.
+                            drop(landed);
+                            // The records settle in the background: the units are home,
+                            // and the callers reserve them meanwhile.
+                            return Ok(Moved::Units);
+                        }
+                        drop(landed);
+                        settles.extend(settle);
+                    }
+                    Step::Lost => {
+                        return Err(Error::Unavailable(format!(
+                            "activity {a} lost its Redis state; rebuilding from MySQL"
+                        )))
+                    }
                 }
             }
+            break;
         }
         // The caller looks at the shards next and may mark the item sold out: this
         // round's own records must be gone first (those of gives on no replica yet stay
@@ -790,6 +830,9 @@ impl App {
                 None => return Err(Error::Internal(format!("take answered {parts:?}"))),
             }
         };
+        // In transit from here: every way out of this call ends the flight (a give that
+        // did not land with it), and a give that landed hands it to the round.
+        let landed = entry.items.get(&item).map(|i| i.landing.took());
         if !replicated {
             // No replica holds the take yet. Giving the units to the home shard now
             // would create them twice if the take died in a failover (oversell); not
@@ -893,13 +936,13 @@ impl App {
                 "rebalancing: the give is not on a replica; its record stays, rebuilding"
             );
             self.repair_after_move(&entry, "a rebalancing give was not replicated");
-            return Ok(Step::Moved(taken, None));
+            return Ok(Step::Moved(taken, None, landed));
         }
         let settle = {
             let redis = redis.clone();
             tokio::spawn(async move { transit::settle(&redis, (a, item, donor), &id, taken).await })
         };
-        Ok(Step::Moved(taken, Some(settle)))
+        Ok(Step::Moved(taken, Some(settle), landed))
     }
 
     async fn announce_sold_out(&self, a: u64, s: u64) -> Result<()> {
@@ -1113,9 +1156,8 @@ impl App {
 }
 
 /// Reads of the shards one rebalancing round makes at most (`App::rebalance`): the
-/// first, and the reads again after it waited for kept units. Each wait is bounded by
-/// `stock.rebalance_keep_ms`, so a round lasts at most this many keeps (and reads and
-/// takes).
+/// first, and the reads again after it waited for kept units (each wait bounded by
+/// `stock.rebalance_keep_ms`) or for a move to land (bounded by `redis.timeout_ms`).
 const REBALANCE_PASSES: u32 = 4;
 
 enum Moved {
