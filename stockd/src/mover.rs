@@ -279,9 +279,10 @@ pub struct Landing {
     landed: Notify,
 }
 
-/// One move between its take and the point its units are on a shard and kept for the
-/// callers of its round ([`Round::keep`]): dropped then, or when the move ends without
-/// a give.
+/// One move between its take and the point its units are on a shard: dropped once its
+/// round has kept them for its callers ([`Round::keep`]) when the move brought all the
+/// round needed, at once after the give when the round is still short (nothing kept),
+/// or when the move ends without a give.
 #[derive(Debug)]
 pub struct InFlight(Arc<Landing>);
 

@@ -114,7 +114,8 @@ enum Step {
     /// units in transit is being settled by this task ([`transit::settle`]), or, with
     /// none (the give on no replica yet), left to its deadline. Dropping the guard tells
     /// the rounds of other homes waiting for a landing ([`crate::mover::Landing`]): the
-    /// round drops it once it has kept the units for its callers.
+    /// round drops it once it has kept the units for its callers when the move brought
+    /// all it needed, at once when it is still short (then nothing is kept).
     Moved(i64, Option<tokio::task::JoinHandle<()>>, Option<InFlight>),
     /// A shard's state is gone; a recompute was started.
     Lost,
@@ -580,8 +581,10 @@ impl App {
                     // (its units then on a shard, kept for that home's callers or on
                     // offer), and read again, instead of sending the callers this round
                     // carries back to an empty home while the units are on their way
-                    // (`crate::mover`). The wait is bounded by a Redis call's deadline: a
-                    // give answers within it.
+                    // (`crate::mover`). Each wait is bounded by a Redis call's deadline
+                    // (a give most often lands well within it; a flight may last up to
+                    // the give budget and the give's deadline, and a wait that ends first
+                    // reads again), and the round's reads bound the waits.
                     let landing = entry.items.get(&item).map(|i| &i.landing);
                     if let Some(landing) =
                         landing.filter(|l| l.moving() && reads < REBALANCE_PASSES)
