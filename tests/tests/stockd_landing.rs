@@ -18,6 +18,10 @@
 //! the units first and holds them in flight (`a_round_whose_take_came_back_empty_...`): before, the
 //! round read the shards again, found no donor, and ended `elsewhere` the same way.
 //!
+//! And the bounds of the wait: it ends at a Redis call's deadline when the give does not
+//! land by then (and the round reads again), and a move whose caller went away still
+//! ends its flight when its task gives the units home.
+//!
 //! A test binary of its own: a fail point is process-wide (and its tests take turns,
 //! [`SERIAL`]).
 
@@ -45,9 +49,14 @@ const BEFORE_GIVE: &str = "stockd::move::before_give";
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A stockd whose per-call Redis deadline (which bounds each wait for a landing) is
-/// longer than a hold lasts at worst, so a round does not give up on a held move; with
-/// an activity whose one item holds four units, all on shard 2.
-async fn stack() -> (
+/// longer than a hold lasts at worst, so a round does not give up on a held move.
+const LONG_MS: u64 = 5000;
+
+/// A stockd with this per-call Redis deadline, and an activity whose one item holds
+/// four units, all on shard 2.
+async fn stack(
+    timeout_ms: u64,
+) -> (
     RedisCluster,
     TestDb,
     StockdHandle,
@@ -58,12 +67,55 @@ async fn stack() -> (
     let cluster = RedisCluster::start();
     let db = TestDb::create().await;
     let deps = Deps::new(&cluster, &db);
-    let h = spawn_stockd(&deps, |c| c.redis.timeout_ms = 5000).await;
+    let h = spawn_stockd(&deps, |c| c.redis.timeout_ms = timeout_ms).await;
     let act = create_published_activity(&h, &[(4, 100)], SHARDS, Duration::ZERO, HOUR).await;
     let (a, s) = (act.id, act.items[0].id);
     let redis = cluster.client().await;
     set_shard_stock(&redis, a, s, &[0, 0, 4, 0]).await;
     (cluster, db, h, redis, (a, s))
+}
+
+/// A stack (see [`stack`]) in which buyer X (home 0) has taken all four units in a
+/// round of its own and is held before its give: the units are in flight.
+struct XHeld {
+    _cluster: RedisCluster,
+    _db: TestDb,
+    h: StockdHandle,
+    redis: fred::clients::Client,
+    item: (u64, u64),
+    c: StockClient,
+    /// X's reservation.
+    x: Answer,
+    /// Lets X's give go on.
+    go: std::sync::mpsc::Sender<()>,
+    /// `stockd_rebalance_landing_waits_total` before X came.
+    waits_before: u64,
+}
+
+async fn x_held_at_its_give(timeout_ms: u64) -> XHeld {
+    fail::remove(BEFORE_TAKE);
+    let (_cluster, _db, h, redis, item) = stack(timeout_ms).await;
+    let c = h.stock_client().await;
+    let hold = Hold::at(BEFORE_GIVE);
+    let waits_before = h.metrics.rebalance_landing_waits.get();
+    let x = buyer(&c, item, "x", 0);
+    let go = hold.reached("X's give").await;
+    assert_eq!(
+        look_at(&redis, item.0, 2, item.1).await.0,
+        0,
+        "X's take emptied the donor"
+    );
+    XHeld {
+        _cluster,
+        _db,
+        h,
+        redis,
+        item,
+        c,
+        x,
+        go,
+        waits_before,
+    }
 }
 
 type Answer = tokio::task::JoinHandle<Result<pb::ReserveResponse, tonic::Status>>;
@@ -152,6 +204,16 @@ async fn reserved(answer: Answer, who: &str) {
 /// Four units, two sold: two left on the shards once the moves have settled (in the
 /// background), and nothing in transit.
 async fn two_left(redis: &fred::clients::Client, (a, s): (u64, u64)) {
+    left_once_settled(redis, (a, s), 2, "four units, two sold").await
+}
+
+/// What the shards hold once the moves have settled (nothing in transit): `left`.
+async fn left_once_settled(
+    redis: &fred::clients::Client,
+    (a, s): (u64, u64),
+    expected: i64,
+    why: &str,
+) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (mut left, mut in_transit) = (0, 0);
@@ -161,7 +223,7 @@ async fn two_left(redis: &fred::clients::Client, (a, s): (u64, u64)) {
             in_transit += transit;
         }
         if in_transit == 0 {
-            assert_eq!(left, 2, "four units, two sold");
+            assert_eq!(left, expected, "{why}");
             return;
         }
         assert!(Instant::now() < deadline, "moves never settled");
@@ -172,27 +234,18 @@ async fn two_left(redis: &fred::clients::Client, (a, s): (u64, u64)) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_that_finds_units_only_in_flight_waits_for_them_to_land() {
     let _serial = SERIAL.lock().await;
-    fail::remove(BEFORE_TAKE);
-    let (_cluster, _db, h, redis, (a, s)) = stack().await;
-    let c = h.stock_client().await;
-    let hold = Hold::at(BEFORE_GIVE);
-
-    let x = buyer(&c, (a, s), "x", 0);
-    let go = hold.reached("X's give").await;
-    assert_eq!(
-        look_at(&redis, a, 2, s).await.0,
-        0,
-        "X's take emptied the donor"
-    );
+    let t = x_held_at_its_give(LONG_MS).await;
+    let (h, redis, item, c) = (&t.h, &t.redis, t.item, &t.c);
+    let (x, go, waits_before) = (t.x, t.go, t.waits_before);
     // X's round is counted already.
-    let before = Before::of(&h);
-    let y = buyer(&c, (a, s), "y", 1);
-    let waited = release_once_waiting(&h, before.waits, &y, go).await;
+    let before = Before::of(h);
+    let y = buyer(c, item, "y", 1);
+    let waited = release_once_waiting(h, waits_before, &y, go).await;
     reserved(x, "X").await;
     reserved(y, "Y (a unit of those X's move brought)").await;
 
-    before.no_round_spun(&h, waited, 1);
-    two_left(&redis, (a, s)).await;
+    before.no_round_spun(h, waited, 1);
+    two_left(redis, item).await;
 }
 
 /// X's round reads the four units on shard 2 and is held before its take; Y's round
@@ -202,7 +255,7 @@ async fn a_round_that_finds_units_only_in_flight_waits_for_them_to_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_whose_take_came_back_empty_waits_for_the_units_in_flight() {
     let _serial = SERIAL.lock().await;
-    let (_cluster, _db, h, redis, (a, s)) = stack().await;
+    let (_cluster, _db, h, redis, (a, s)) = stack(LONG_MS).await;
     let c = h.stock_client().await;
     let take = Hold::at(BEFORE_TAKE);
     let give = Hold::at(BEFORE_GIVE);
@@ -230,4 +283,56 @@ async fn a_round_whose_take_came_back_empty_waits_for_the_units_in_flight() {
     );
     before.no_round_spun(&h, waited, 2);
     two_left(&redis, (a, s)).await;
+}
+
+/// A wait for a landing is bounded: with a deadline of 300 ms per Redis call and X's
+/// give held for 900 ms (inside the move's give budget of a deadline and a second), Y's
+/// round waits, the wait ends unanswered, and the round reads again and waits once more,
+/// before the give lands; then Y reserves. (An unbounded wait would have counted one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_landing_ends_at_a_redis_deadline_and_the_round_reads_again() {
+    const SHORT_MS: u64 = 300;
+    let _serial = SERIAL.lock().await;
+    let t = x_held_at_its_give(SHORT_MS).await;
+    let (h, redis, item, c) = (&t.h, &t.redis, t.item, &t.c);
+    let (x, go, waits_before) = (t.x, t.go, t.waits_before);
+    let y = buyer(c, item, "y", 1);
+    tokio::time::sleep(Duration::from_millis(3 * SHORT_MS)).await;
+    let waited = h.metrics.rebalance_landing_waits.get() - waits_before;
+    let _ = go.send(());
+    reserved(x, "X").await;
+    reserved(y, "Y").await;
+
+    assert!(
+        waited >= 2,
+        "Y's round waited, its wait ended at the deadline, and it waited again ({waited})"
+    );
+    two_left(redis, item).await;
+}
+
+/// A move whose caller went away still lands, and its flight ends with it: X's call is
+/// cancelled while its give is held, Y's round waits for that give, and wakes when the
+/// move's task gives the units home (not at the per-call deadline, 5 s). Nobody keeps
+/// them, so Y's round takes all four and Y reserves one: three left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_caller_went_away_still_ends_its_flight() {
+    let _serial = SERIAL.lock().await;
+    let t = x_held_at_its_give(LONG_MS).await;
+    let (h, redis, item, c) = (&t.h, &t.redis, t.item, &t.c);
+    let (x, go, waits_before) = (t.x, t.go, t.waits_before);
+    // X goes away: the client drops its call, and stockd drops X's round.
+    x.abort();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let y = buyer(c, item, "y", 1);
+    let waited = release_once_waiting(h, waits_before, &y, go).await;
+    let released = Instant::now();
+    reserved(y, "Y").await;
+
+    assert!(waited >= 1, "Y's round waited for the move in flight");
+    assert!(
+        released.elapsed() < Duration::from_millis(LONG_MS / 2),
+        "Y's round woke when the move landed, {:?} after the give went on",
+        released.elapsed()
+    );
+    left_once_settled(redis, item, 3, "four units, Y's one sold, X's call gone").await;
 }
