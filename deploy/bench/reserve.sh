@@ -32,6 +32,10 @@
 #         of DUR; a run that used them all up is flagged) SHARDS=8 BUILD=1 DO_INSTALL=1
 #         BENCH_TARGET=target/bench BIN_DIR=<dir with gateway, stockd, seckillctl>
 #         QUIET_MAX=0.3 QUIET_WAIT=15 (per run: wait for an idle machine)
+#         REDIS_ONLY=1 REDIS_BATCHES="1 4 8" REDIS_CLIENTS=8 REDIS_ONLY_N=200000: after the rounds,
+#         the two reservation scripts against the same Redis with nothing in front
+#         (redis-benchmark; rows redis_only_*): Redis's CPU per reservation, ours at B per call
+#         against the anchor's one per call
 #         PERF=1: perf record (cpu-clock, call graphs) of every server process during each
 #         run, to $WORK/perf-<side>-<round>-<process>-<pid>.data (`perf report -i <file>`);
 #         the profiler's own cost lands in the figures of such a run
@@ -57,6 +61,8 @@ else
     BUILD=${BUILD:-1}; QUIET_WAIT=${QUIET_WAIT:-15}; DO_INSTALL=${DO_INSTALL:-1}
 fi
 QUIET_MAX=${QUIET_MAX:-0.3}
+REDIS_ONLY=${REDIS_ONLY:-1}; REDIS_BATCHES=${REDIS_BATCHES:-"1 4 8"}; REDIS_CLIENTS=${REDIS_CLIENTS:-8}
+if [ "$SMOKE" = 1 ]; then REDIS_ONLY_N=${REDIS_ONLY_N:-2000}; else REDIS_ONLY_N=${REDIS_ONLY_N:-200000}; fi
 PERF=${PERF:-0}   # PERF_CG="--call-graph dwarf" for call chains through code without frame pointers
 ACKS=${ACKS:-"0 1"}
 SHARDS=${SHARDS:-8}
@@ -453,6 +459,17 @@ stages() { # side run
         "stockd reserve $($m stockd stockd_reserve_seconds), Redis reserve call $($m stockd 'stockd_lua_seconds{script="reserve"}');" \
         "$($m stockd stockd_reserve_stream_entries 1) reservations per stream message"
 }
+# What the Redis master ran over a run, per reservation: each command's calls and the
+# microseconds Redis counted for it (INFO commandstats before and after; the commands a
+# script calls are counted both under their own name and inside the script's).
+redis_commands() { # side run reservations
+    local n=${3:-0} name=$1; [ "$1" = anchor ] || name="acks$1"
+    [ "$n" -gt 0 ] || return 0
+    awk -F'[:=,]' -v n="$n" 'FNR == 1 { f++ } /^cmdstat_/ { k = substr($1, 9); c[f, k] = $3; u[f, k] = $5; seen[k] = 1 }
+        END { for (k in seen) { dc = c[2, k] - c[1, k]; if (dc > 0) printf "%s %.3f calls %.2f us, ", k, dc / n, (u[2, k] - u[1, k]) / n } }' \
+        "$WORK/cmdstats-$1-$2-0.txt" "$WORK/cmdstats-$1-$2-1.txt" |
+        sed 's/, $//' | { read -r line; log "  round $2 $name Redis master per reservation: $line"; }
+}
 # one_run side run -> "rps p50 p99 requests bad us_front us_stockd us_master us_replica us_wrk per_call busy_cores sleeps runq_us" (the last two per reservation, servers only)
 # (front = the gateway, or the nginx worker for the anchor; stockd = 0 for the anchor)
 one_run() {
@@ -463,6 +480,7 @@ one_run() {
     quiet_gate
     local f0 s0 m0 r0 f1 s1 m1 r1 perfs=() p pc=1
     [ "$side" = anchor ] || scrape "$side" "$r" 0
+    rc info commandstats >"$WORK/cmdstats-$side-$r-0.txt" 2>/dev/null
     # wrk reads the request file in init, before its clock starts; its column is the CPU it
     # used after that (replay.lua prints the process's CPU time at both ends).
     f0=$(cpu_ticks "${front[@]}"); s0=$(cpu_ticks "${stockd[@]}"); m0=$(cpu_ticks "$REDIS_PID"); r0=$(cpu_ticks "$REPLICA_PID")
@@ -477,11 +495,13 @@ one_run() {
     f1=$(cpu_ticks "${front[@]}"); s1=$(cpu_ticks "${stockd[@]}"); m1=$(cpu_ticks "$REDIS_PID"); r1=$(cpu_ticks "$REPLICA_PID")
     z1=$(sched_sums "${front[@]}" "${stockd[@]}" "$REDIS_PID" "$REPLICA_PID")
     for p in "${perfs[@]}"; do kill -INT "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    rc info commandstats >"$WORK/cmdstats-$side-$r-1.txt" 2>/dev/null
     if [ "$side" != anchor ]; then
         scrape "$side" "$r" 1; stages "$side" "$r" >&2
         pc=$(mean "$side" "$r" stockd stockd_reserve_batch_size 1); [ "$pc" = - ] && pc=1
     fi
     rm -f "$reqf"
+    redis_commands "$side" "$r" "$(parse_wrk "$f" | awk '{print $4}')" >&2
     parse_wrk "$f" | awk -v pc="$pc" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
         '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(z0, za, " "); split(z1, zb, " ");
            printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f %s %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, $6 * 1e6 / n, pc, $7, (zb[1] - za[1]) / n, (zb[2] - za[2]) / 1000 / n }'
@@ -512,6 +532,53 @@ for r in $(seq "$RUNS"); do
     done
 done
 med() { median ${COL[$1]}; }
+# ------------------------------------------------------------------ Redis alone (REDIS_ONLY=1)
+# The reservation scripts against the same master + replica with no tier in front: the anchor's
+# reserve-anchor.lua (one reservation per call) and our lua/scripts/reserve.lua carrying B
+# reservations per call, as stockd's group commit sends them (B in REDIS_BATCHES), driven by
+# redis-benchmark (-c REDIS_CLIENTS, distinct random users and request ids) on keys of their
+# own. Per reservation: the master's and the replica's CPU (/proc) and the time Redis counted
+# executing the script (INFO commandstats, I/O and parsing left out). What group commit saves
+# Redis, apart from the gateway, stockd and the load tool.
+redis_only() {
+    local b n=$REDIS_ONLY_N sha_a sha_o keys args j tp=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
+    sha_a=$(rc script load "$(cat "$REF/lua/reserve-anchor.lua")") || die "redis-only: script load failed"
+    sha_o=$(rc script load "$(cat "$ROOT/lua/scripts/reserve.lua")") || die "redis-only: script load failed"
+    # Our script's state for activity 9 item 2 shard 0 (fence = epoch "e1"); the anchor's SKU 9.
+    rc set '{sk:9:0}:stock' 1000000000 >/dev/null
+    rc mset 'sk:{9:0}:fence' e1 'sk:{9:0}:stock:2' 1000000000 >/dev/null
+    redis_only_case anchor 1 "$n" evalsha "$sha_a" 3 '{sk:9:0}:stock' '{sk:9:0}:buyers' '{sk:9:0}:orders' \
+        u__rand_int__ r__rand_int__ 1764900000000
+    for b in $REDIS_BATCHES; do
+        keys=(); args=(9 0 1764900000000 e1 0)
+        for j in $(seq "$b"); do
+            keys+=('sk:{9:0}:stock:2' 'sk:{9:0}:buyers:2')
+            args+=(2 u__rand_int__ r__rand_int__ "$tp" 1)
+        done
+        redis_only_case "b$b" "$b" $(( (n + b - 1) / b )) evalsha "$sha_o" $((3 + 2 * b)) \
+            'sk:{9:0}:fence' 'sk:{9:0}:seq' 'sk:{9:0}:orders' "${keys[@]}" "${args[@]}"
+    done
+}
+# redis_only_case name reservations_per_call calls command... -> appends "name master replica exec" to $WORK/redis-only.txt
+redis_only_case() {
+    local name=$1 per=$2 calls=$3 m0 r0 m1 r1 e0 e1 xl0 xl1 stream='{sk:9:0}:orders'; shift 3
+    [ "$name" = anchor ] || stream='sk:{9:0}:orders'
+    quiet_gate
+    xl0=$(rc xlen "$stream"); e0=$(rc info commandstats | awk -F'[:=,]' '/^cmdstat_evalsha:/ { print $5 }')
+    m0=$(cpu_ticks "$REDIS_PID"); r0=$(cpu_ticks "$REPLICA_PID")
+    redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$REDIS_CLIENTS" -n "$calls" -r 1000000000 -q "$@" \
+        >"$WORK/redis-only-$name.txt" 2>&1
+    # The replica's share of the run reaches it a little after the master's.
+    sleep 0.5
+    m1=$(cpu_ticks "$REDIS_PID"); r1=$(cpu_ticks "$REPLICA_PID")
+    e1=$(rc info commandstats | awk -F'[:=,]' '/^cmdstat_evalsha:/ { print $5 }'); xl1=$(rc xlen "$stream")
+    grep -q 'ERR' "$WORK/redis-only-$name.txt" && die "redis-only $name: Redis answered an error ($WORK/redis-only-$name.txt)"
+    local res=$((xl1 - xl0))
+    # Random users repeat now and then (a duplicate appends nothing): nearly every call reserves.
+    [ "$res" -ge $(( calls * per * 95 / 100 )) ] || die "redis-only $name: $res reservations appended for $((calls * per)) sent"
+    awk -v n="$res" -v hz="$CLK_TCK" -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v e="$((${e1:-0} - ${e0:-0}))" -v name="$name" \
+        'BEGIN { printf "%s %.2f %.2f %.2f\n", name, m * 1e6 / hz / n, r * 1e6 / hz / n, e / n }' >>"$WORK/redis-only.txt"
+}
 sum_bad() { echo ${COL[$1]} | tr ' ' '\n' | awk '{s += $1} END{print s + 0}'; }
 
 printf 'case\tours\tanchor\tratio\tunit\n' >"$TSV"
@@ -539,6 +606,18 @@ for k in $ACKS; do
     row "reserve_${tag}_per_call" "$(med "$k.pc")" 1 "reservations per Redis reserve call (anchor: 1)"
     row "reserve_${tag}_not_202" "$(sum_bad "$k.bad")" "$(sum_bad anchor.bad)" "answers (all rounds)"
 done
+if [ "$REDIS_ONLY" = 1 ]; then
+    log "Redis alone: the anchor's script and ours at $REDIS_BATCHES reservations per call, $REDIS_ONLY_N reservations each"
+    : >"$WORK/redis-only.txt"
+    redis_only
+    read -r _ am ar ae < <(grep '^anchor ' "$WORK/redis-only.txt")
+    for b in $REDIS_BATCHES; do
+        read -r _ om or oe < <(grep "^b$b " "$WORK/redis-only.txt")
+        row "redis_only_b${b}_master_cpu" "$om" "$am" "us/reservation, master (our script, $b per call / the anchor's, 1 per call)"
+        row "redis_only_b${b}_replica_cpu" "$or" "$ar" "us/reservation, replica"
+        row "redis_only_b${b}_script_exec" "$oe" "$ae" "us/reservation Redis counted executing the script (commandstats)"
+    done
+fi
 for s in $SIDES; do
     name=anchor_nginx; [ "$s" = anchor ] || name="ours_acks$s"
     tot=$(awk -v a="$(med "$s.front")" -v b="$(med "$s.stockd")" -v c="$(med "$s.master")" -v d="$(med "$s.replica")" 'BEGIN{printf "%.2f", a+b+c+d}')
@@ -557,7 +636,7 @@ column -t -s $'\t' "$CPU_TSV"
 for s in $SIDES; do echo "rounds $s req/s:${COL[$s.rps]}"; done
 echo
 echo "TSV: $TSV $CPU_TSV   raw: $WORK"
-echo "reproduce: RUNS=$RUNS DUR=$DUR CONNS=$CONNS ACKS=\"$ACKS\" deploy/bench/reserve.sh"
+echo "reproduce: RUNS=$RUNS DUR=$DUR CONNS=$CONNS ACKS=\"$ACKS\" REDIS_ONLY=$REDIS_ONLY REDIS_BATCHES=\"$REDIS_BATCHES\" deploy/bench/reserve.sh"
 if [ "$SMOKE" = 1 ]; then
     for s in $SIDES; do
         [ "$(sum_bad "$s.bad")" = 0 ] || die "smoke: side $s had answers other than 202 (see $WORK/wrk-$s-*.txt)"

@@ -4,7 +4,7 @@
 //! profile. It asserts what the script itself checks in that mode: both stockd settings
 //! (replica acks 0 and 1) behind their gateways and the nginx anchor answered every request
 //! 202 (signed JWTs and purchase tokens accepted, distinct users, no sell-out), and the
-//! result files have their rows. No timing assertion: the figures are the script's job.
+//! result files have their rows (Redis alone, both scripts, included). No timing assertion: the figures are the script's job.
 //!
 //! Needs nginx with ngx_lua, wrk, redis-server, MariaDB (SECKILL_TEST_MYSQL_URL) and
 //! `cargo build --workspace --bins`; the script installs the first three when missing.
@@ -50,6 +50,8 @@ fn the_reserve_benchmark_runs_end_to_end_in_smoke_mode() {
         "reserve_acks1\t",
         "reserve_acks0_headline_p99\t",
         "reserve_acks1_server_cpu\t",
+        "redis_only_b4_master_cpu\t",
+        "redis_only_b8_script_exec\t",
     ] {
         assert!(tsv.contains(case), "no row {case:?} in:\n{tsv}");
     }
@@ -57,6 +59,16 @@ fn the_reserve_benchmark_runs_end_to_end_in_smoke_mode() {
     for line in tsv.lines().filter(|l| l.contains("_not_202")) {
         let f: Vec<&str> = line.split('\t').collect();
         assert_eq!((f[1], f[2]), ("0", "0"), "{line}");
+    }
+    // Redis alone (the script checks that every reservation reached the stream): the
+    // execution time Redis counted for each script was measured.
+    for line in tsv.lines().filter(|l| l.starts_with("redis_only_")) {
+        let f: Vec<&str> = line.split('\t').collect();
+        if line.contains("_script_exec") {
+            let (ours, anchor): (f64, f64) =
+                (f[1].parse().unwrap_or(0.0), f[2].parse().unwrap_or(0.0));
+            assert!(ours > 0.0 && anchor > 0.0, "not measured: {line}");
+        }
     }
     let cpu = std::fs::read_to_string(results.join("reserve_cpu.tsv")).expect("reserve_cpu.tsv");
     assert!(
