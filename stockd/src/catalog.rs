@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use seckill_proto::pb;
 
 use crate::gate::Gate;
-use crate::looks::{Coalesce, SharedLook};
 use crate::mover::{Landing, Mover};
 use crate::shard::{Gap, HighWater, ShardQueue, ShardState};
 
@@ -26,9 +25,6 @@ pub struct ItemEntry {
     /// This process's rebalancing moves of the item between their take and their give
     /// ([`crate::mover::Landing`]).
     pub landing: Arc<Landing>,
-    /// This process's looks at every shard of the item, shared by the callers who asked
-    /// before each began ([`crate::looks`]).
-    pub(crate) looks: Arc<Coalesce<SharedLook>>,
 }
 
 /// One published activity.
@@ -67,7 +63,6 @@ impl ActivityEntry {
                         total: i.stock,
                         gave_up: AtomicU64::new(0),
                         landing: Arc::default(),
-                        looks: Arc::default(),
                     },
                 )
             })

@@ -10,8 +10,7 @@
 //! - [`catalog`]: published activities in memory (window checks without Redis).
 //! - [`shard`]: per-shard state: the high-water mark and the group-commit queue;
 //!   [`mover`]: one rebalancing move at a time per item and home shard; [`transit`]:
-//!   units between a take and a give hold the sold-out mark back; [`looks`]: one
-//!   look at every shard of an item at a time, shared by the callers who asked.
+//!   units between a take and a give hold the sold-out mark back.
 //! - [`app`]: shared state; its methods by concern in [`stock`] (Reserve, Release,
 //!   rebalancing, sold-out), [`clear`] (the sold-out clear, sent again until a replica
 //!   holds it), [`recompute`] (rebuild from MySQL, lost-reservation
@@ -34,7 +33,6 @@ pub mod error;
 pub mod fence;
 pub mod gate;
 pub mod lease;
-pub mod looks;
 pub mod metrics;
 pub mod mover;
 pub mod recompute;

@@ -202,10 +202,6 @@ pub struct Metrics {
     /// `stockd_sold_out_looks_total{by}`: looks at every shard of an item, by who looked
     /// ([`LOOK_CAUSES`]); each is a `GET` and one `look` call per shard.
     pub sold_out_looks: IntCounterVec,
-    /// `stockd_sold_out_look_runs_total`: looks at every shard of an item sent; each
-    /// answers every ask (`stockd_sold_out_looks_total`) waiting when it began
-    /// (`crate::looks`).
-    pub sold_out_look_runs: IntCounter,
     /// `stockd_rebalance_round_seconds`: one rebalancing round, from its turn to its
     /// outcome (the read of the shards, the takes and gives, the look when too few moved).
     pub rebalance_round_seconds: Histogram,
@@ -417,12 +413,6 @@ impl Metrics {
             &["by"],
         )
         .expect("valid metric");
-        let sold_out_look_runs = IntCounter::new(
-            "stockd_sold_out_look_runs_total",
-            "Looks at every shard of an item sent; each answers every look asked \
-             (stockd_sold_out_looks_total) that waited when it began",
-        )
-        .expect("valid metric");
         let rebalance_round_seconds = call_histogram(
             "stockd_rebalance_round_seconds",
             "One rebalancing round, from its turn to its outcome",
@@ -466,7 +456,6 @@ impl Metrics {
             Box::new(rebalance_elsewhere.clone()),
             Box::new(rebalance_takes_empty.clone()),
             Box::new(sold_out_looks.clone()),
-            Box::new(sold_out_look_runs.clone()),
             Box::new(rebalance_round_seconds.clone()),
             Box::new(rebalance_wait_seconds.clone()),
             Box::new(rebalance_waits_per_reserved.clone()),
@@ -512,7 +501,6 @@ impl Metrics {
             rebalance_elsewhere,
             rebalance_takes_empty,
             sold_out_looks,
-            sold_out_look_runs,
             rebalance_round_seconds,
             rebalance_wait_seconds,
             rebalance_waits_per_reserved,

@@ -463,8 +463,8 @@ impl App {
         units: u32,
         by: &'static str,
     ) -> Result<Empty> {
-        let activity = entry.id();
-        let look = self.look(entry, item, by).await?;
+        let (activity, shards) = (entry.id(), entry.shards());
+        let look = self.look(activity, item, shards, by).await?;
         let total = look.left + look.in_transit;
         if total >= i64::from(units) {
             let found = if look.left >= i64::from(units) {
@@ -983,37 +983,8 @@ impl App {
     ///
     /// `by` says who looks, for `stockd_sold_out_looks_total` (one of
     /// [`crate::metrics::LOOK_CAUSES`]).
-    ///
-    /// The look is shared ([`crate::looks`]): it began after this call, and the callers
-    /// who asked before it began get the same one.
-    pub(crate) async fn look(
-        self: &Arc<Self>,
-        entry: &ActivityEntry,
-        s: u64,
-        by: &'static str,
-    ) -> Result<Look> {
+    pub(crate) async fn look(&self, a: u64, s: u64, shards: u32, by: &'static str) -> Result<Look> {
         self.metrics.count_look(by);
-        let (a, shards) = (entry.id(), entry.shards());
-        let Some(looks) = entry.items.get(&s).map(|i| Arc::clone(&i.looks)) else {
-            return self.look_now(a, s, shards).await;
-        };
-        let app = Arc::clone(self);
-        let run = move || {
-            let app = Arc::clone(&app);
-            async move { app.look_now(a, s, shards).await.map_err(Arc::new) }
-        };
-        match looks.ask(run).await {
-            Some(Ok(look)) => Ok(look),
-            Some(Err(e)) => Err(e.replicate()),
-            None => Err(Error::Unavailable(format!(
-                "the look at item {s}'s shards ended without an answer; retry"
-            ))),
-        }
-    }
-
-    /// One look at every shard of item `s`, sent now ([`Self::look`]).
-    async fn look_now(&self, a: u64, s: u64, shards: u32) -> Result<Look> {
-        self.metrics.sold_out_look_runs.inc();
         let changes = self.sold_out_changes(a, s).await?;
         let redis = self.redis_at(a).await?;
         let shards = (0..shards).map(|i| redis.call(LookCall::new(a, i, s)));
@@ -1024,8 +995,6 @@ impl App {
         let sent = Instant::now();
         let replies = futures::future::try_join_all(shards).await?;
         look.spread = sent.elapsed();
-        // The test suite holds a look here, its reads made (`stockd_shared_look`).
-        fail::fail_point!("stockd::look::read");
         for reply in replies {
             let parts = array(reply)?;
             // (The second value, the count of live records, is not needed here: their
@@ -1092,7 +1061,7 @@ impl App {
     /// sold out. Off the hot path.
     pub(crate) fn spawn_sold_out_check(self: &Arc<Self>, entry: &Arc<ActivityEntry>, item: u64) {
         let app = self.clone();
-        let (a, entry) = (entry.id(), Arc::clone(entry));
+        let (a, shards) = (entry.id(), entry.shards());
         tokio::spawn(async move {
             let check = async {
                 // Refused while units move (often the round that brought this buyer's
@@ -1101,7 +1070,7 @@ impl App {
                 // round, which marks it once they have landed.
                 for wait_ms in [0, 20, 100, 500] {
                     tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-                    let look = app.look(&entry, item, "check").await?;
+                    let look = app.look(a, item, shards, "check").await?;
                     if look.left > 0 || app.mark_after_look(a, item, look).await? {
                         break;
                     }
