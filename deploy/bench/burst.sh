@@ -25,7 +25,8 @@
 #   looks      stockd_sold_out_looks_total: looks at every shard of an item (a GET and one
 #              look call per shard) by rounds, by the check after a shard emptied, and by
 #              buyers out of attempts (printed with the moves, with those buyers:
-#              stockd_reserve_gave_up_total, told to retry while units remained)
+#              stockd_reserve_gave_up_total, told to retry while units remained), and the
+#              look and reserve calls sent to Redis (stockd_lua_seconds_count)
 #   empties    stockd_rebalance_waits_per_reserved: how many times a reservation answered
 #              RESERVED found its home shard empty (rounds waited for or run), when it did
 # Then the opening itself, in 25 ms slices of the crowd's send time (its --answers-tsv,
@@ -142,6 +143,7 @@ for m in stockd_rebalance_rounds_total stockd_rebalance_rereads_total 'stockd_lu
     'stockd_rebalance_elsewhere_total{found="moving"}' stockd_rebalance_takes_empty_total stockd_rebalance_landing_waits_total \
     'stockd_rebalance_round_outcomes_total{outcome="sold_out"}' 'stockd_sold_out_looks_total{by="round"}' \
     'stockd_sold_out_looks_total{by="check"}' 'stockd_sold_out_looks_total{by="attempts"}' \
+    'stockd_lua_seconds_count{script="look"}' 'stockd_lua_seconds_count{script="reserve"}' \
     stockd_reserve_gave_up_total; do
     moves+=" ${m}=$(( $(counter "$m" "$OUT/stockd-after.prom") - $(counter "$m" "$OUT/stockd-before.prom") ))"
 done
