@@ -527,7 +527,6 @@ impl App {
     ) -> Result<Moved> {
         let a = entry.id();
         let shards = entry.shards();
-        let redis = self.redis_of(entry)?;
         // The units this round's claims asked for so far.
         let mut missing = 0i64;
         let mut reads = 0u32;
@@ -539,81 +538,18 @@ impl App {
         // Each donor is asked once a round.
         let mut asked = vec![false; shards as usize];
         'round: loop {
-            // Read until a donor offers units; only kept units: wait for them, and read again.
-            let (held, offered, donors, home_epoch, start) = loop {
-                reads += 1;
-                if reads > 1 {
-                    self.metrics.rebalance_rereads.inc();
-                }
-                let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
-                // The home shard's fence, read before any take: a give adds units only to a
-                // shard still under it (a rebuild in between counted them again from MySQL).
-                let (held, home_fence) = futures::future::try_join(
-                    Box::pin(self.shard_stock(a, item, shards)),
-                    redis.mget(vec![keys::fence(a, home)]),
-                )
-                .await?;
-                let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
-                    self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
-                    return Err(Error::Unavailable(format!(
-                        "activity {a} lost its Redis state; rebuilding from MySQL"
-                    )));
-                };
-                // Units another home's round just brought there for its own callers are not
-                // on offer: taken before those callers reserve them, they went round the
-                // homes while every home's buyers chased them.
-                let (offered, kept_until, keepers) = self.on_offer(entry, item, home, &held);
-                let mut donors = donor_order(&offered, home, start);
-                donors.retain(|d| !asked[*d as usize]);
-                // The demand is claimed now, after the read: the callers that came during it
-                // ride with this round instead of waiting for the next.
-                missing += if reads == 1 {
-                    round.claim()
-                } else {
-                    round.claim_again()
-                };
-                if !donors.is_empty() {
-                    break (held, offered, donors, Arc::<str>::from(home_epoch), start);
-                }
-                let Some(until) = kept_until else {
-                    // No donor, nothing kept, but this process's rounds of other homes are
-                    // between a take and a give: wait for the next of those moves to land
-                    // (its units then on a shard, kept for that home's callers or on
-                    // offer), and read again, instead of sending the callers this round
-                    // carries back to an empty home while the units are on their way
-                    // (`crate::mover`). Each wait is bounded by a Redis call's deadline
-                    // (a give most often lands well within it; a flight may last up to
-                    // the give budget and the give's deadline, and a wait that ends first
-                    // reads again), and the round's reads bound the waits.
-                    let landing = entry.items.get(&item).map(|i| &i.landing);
-                    if let Some(landing) =
-                        landing.filter(|l| l.moving() && reads < REBALANCE_PASSES)
-                    {
-                        self.metrics.rebalance_landing_waits.inc();
-                        let deadline = Duration::from_millis(self.config.redis.timeout_ms);
-                        let _ = tokio::time::timeout(deadline, landing.landed()).await;
-                        continue;
-                    }
-                    return Ok(Moved::Nothing);
-                };
-                // Only kept units: once their buyers have reserved every one (most often
-                // within a group-commit call), or by the keep's end, they are gone or on
-                // offer. Waiting for that spares the buyers here a spin through their attempts
-                // meanwhile; then this round reads again and takes what is on offer by then
-                // (after its last read, the caller looks). The callers who came during the
-                // wait ride with it.
-                let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
-                let released = futures::future::join_all(movers.iter().map(|m| m.released()));
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until.into()) => {}
-                    _ = released => {}
-                }
-                if reads == REBALANCE_PASSES {
-                    round.claim_again();
-                    return Ok(Moved::Nothing);
-                }
+            let Some(Offer {
+                mut held,
+                mut offered,
+                mut donors,
+                home_epoch,
+                start,
+            }) = self
+                .read_offer(entry, item, home, round, &mut reads, &mut missing, &asked)
+                .await?
+            else {
+                return Ok(Moved::Nothing);
             };
-            let (mut held, mut offered, mut donors) = (held, offered, donors);
             let mut next = 0;
             while let Some(&donor) = donors.get(next) {
                 next += 1;
@@ -709,6 +645,106 @@ impl App {
         } else {
             Moved::Nothing
         })
+    }
+
+    /// The read at the top of a round of [`Self::rebalance`]: reads the shards (and the
+    /// home shard's fence) until a donor not in `asked` offers units, and claims the
+    /// demand after each read (`missing`, what the round's callers asked for so far).
+    /// Only kept units on offer: waits for them, and reads again. Nothing on offer and
+    /// nothing kept while this process's round of another home is between a take and a
+    /// give: waits for that move to land, and reads again. `None` when the round ends
+    /// with nothing to take (after at most [`REBALANCE_PASSES`] reads in all, `reads`
+    /// counting them over the round).
+    #[allow(clippy::too_many_arguments)]
+    async fn read_offer(
+        self: &Arc<Self>,
+        entry: &Arc<ActivityEntry>,
+        item: u64,
+        home: u32,
+        round: &mut Round<'_>,
+        reads: &mut u32,
+        missing: &mut i64,
+        asked: &[bool],
+    ) -> Result<Option<Offer>> {
+        let (a, shards) = (entry.id(), entry.shards());
+        let redis = self.redis_of(entry)?;
+        loop {
+            *reads += 1;
+            if *reads > 1 {
+                self.metrics.rebalance_rereads.inc();
+            }
+            let start = entry.rotation.fetch_add(1, Ordering::Relaxed);
+            // The home shard's fence, read before any take: a give adds units only to a
+            // shard still under it (a rebuild in between counted them again from MySQL).
+            let (held, home_fence) = futures::future::try_join(
+                Box::pin(self.shard_stock(a, item, shards)),
+                redis.mget(vec![keys::fence(a, home)]),
+            )
+            .await?;
+            let Some(home_epoch) = home_fence.into_iter().next().flatten() else {
+                self.trigger_recompute(entry, Cause::Lost, "fence missing at a move's read");
+                return Err(Error::Unavailable(format!(
+                    "activity {a} lost its Redis state; rebuilding from MySQL"
+                )));
+            };
+            // Units another home's round just brought there for its own callers are not
+            // on offer: taken before those callers reserve them, they went round the
+            // homes while every home's buyers chased them.
+            let (offered, kept_until, keepers) = self.on_offer(entry, item, home, &held);
+            let mut donors = donor_order(&offered, home, start);
+            donors.retain(|d| !asked[*d as usize]);
+            // The demand is claimed now, after the read: the callers that came during it
+            // ride with this round instead of waiting for the next.
+            *missing += if *reads == 1 {
+                round.claim()
+            } else {
+                round.claim_again()
+            };
+            if !donors.is_empty() {
+                return Ok(Some(Offer {
+                    held,
+                    offered,
+                    donors,
+                    home_epoch: Arc::from(home_epoch),
+                    start,
+                }));
+            }
+            let Some(until) = kept_until else {
+                // No donor, nothing kept, but this process's rounds of other homes are
+                // between a take and a give: wait for the next of those moves to land
+                // (its units then on a shard, kept for that home's callers or on
+                // offer), and read again, instead of sending the callers this round
+                // carries back to an empty home while the units are on their way
+                // (`crate::mover`). Each wait is bounded by a Redis call's deadline
+                // (a give most often lands well within it; a flight may last up to
+                // the give budget and the give's deadline, and a wait that ends first
+                // reads again), and the round's reads bound the waits.
+                let landing = entry.items.get(&item).map(|i| &i.landing);
+                if let Some(landing) = landing.filter(|l| l.moving() && *reads < REBALANCE_PASSES) {
+                    self.metrics.rebalance_landing_waits.inc();
+                    let deadline = Duration::from_millis(self.config.redis.timeout_ms);
+                    let _ = tokio::time::timeout(deadline, landing.landed()).await;
+                    continue;
+                }
+                return Ok(None);
+            };
+            // Only kept units: once their buyers have reserved every one (most often
+            // within a group-commit call), or by the keep's end, they are gone or on
+            // offer. Waiting for that spares the buyers here a spin through their attempts
+            // meanwhile; then this round reads again and takes what is on offer by then
+            // (after its last read, the caller looks). The callers who came during the
+            // wait ride with it.
+            let movers: Vec<_> = keepers.iter().map(|&d| entry.mover(item, d)).collect();
+            let released = futures::future::join_all(movers.iter().map(|m| m.released()));
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = released => {}
+            }
+            if *reads == REBALANCE_PASSES {
+                round.claim_again();
+                return Ok(None);
+            }
+        }
     }
 
     /// What a round may take of the shards' units `held`: each donor's, less the units
@@ -1162,6 +1198,20 @@ impl App {
 /// first, and the reads again after it waited for kept units (each wait bounded by
 /// `stock.rebalance_keep_ms`) or for a move to land (bounded by `redis.timeout_ms`).
 const REBALANCE_PASSES: u32 = 4;
+
+/// What a round's read found on offer ([`App::read_offer`]).
+struct Offer {
+    /// Each shard's units as read.
+    held: Vec<i64>,
+    /// What the round may take of them (less the units kept for other homes' callers).
+    offered: Vec<i64>,
+    /// The donors to ask, in order (none asked yet this round).
+    donors: Vec<u32>,
+    /// The home shard's epoch, read with the shards.
+    home_epoch: Arc<str>,
+    /// The rotation's value at the read (ties among donors).
+    start: u32,
+}
 
 enum Moved {
     /// Every missing unit moved home.
