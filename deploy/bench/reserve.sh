@@ -501,10 +501,11 @@ one_run() {
         pc=$(mean "$side" "$r" stockd stockd_reserve_batch_size 1); [ "$pc" = - ] && pc=1
     fi
     rm -f "$reqf"
-    redis_commands "$side" "$r" "$(parse_wrk "$f" | awk '{print $4}')" >&2
-    parse_wrk "$f" | awk -v pc="$pc" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
+    local parsed; parsed=$(parse_wrk "$f")
+    redis_commands "$side" "$r" "$(awk '{print $4}' <<<"$parsed")" >&2
+    awk -v pc="$pc" -v hz="$CLK_TCK" -v f=$((f1 - f0)) -v s=$((s1 - s0)) -v m=$((m1 - m0)) -v r=$((r1 - r0)) -v z0="$z0" -v z1="$z1" \
         '{ n = ($4 > 0 ? $4 : 1); u = 1e6 / hz / n; split(z0, za, " "); split(z1, zb, " ");
-           printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f %s %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, $6 * 1e6 / n, pc, $7, (zb[1] - za[1]) / n, (zb[2] - za[2]) / 1000 / n }'
+           printf "%s %s %s %s %s %.2f %.2f %.2f %.2f %.2f %.2f %s %.2f %.2f\n", $1, $2, $3, $4, $5, f * u, s * u, m * u, r * u, $6 * 1e6 / n, pc, $7, (zb[1] - za[1]) / n, (zb[2] - za[2]) / 1000 / n }' <<<"$parsed"
 }
 
 SIDES="anchor"; for k in $ACKS; do SIDES+=" $k"; done
